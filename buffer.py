@@ -1,0 +1,145 @@
+"""A compact FIFO replay buffer of individual rollouts.
+
+Imports only torch and the standard library, so it can be copied into any project.
+
+The buffer holds up to ``capacity`` rollouts; adding more evicts the oldest first (FIFO).
+``sample(B)`` draws B *distinct* rollouts uniformly at random *without removing them*,
+so every rollout can be used several times before it is evicted. The average number of
+uses is the replay ratio. Each rollout keeps the policy version that generated it, so
+its age (current version - generating version, in optimizer steps) is known when it is
+replayed; ``max_age`` optionally drops rollouts that have grown too stale.
+
+Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
+batch only when it is used.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One sampled completion and everything the loss needs to replay it later.
+
+    prompt_ids:      [P] prompt token ids (no padding)
+    completion_ids:  [C] completion token ids, up to and including the first EOS
+                     (no EOS when generation hit max_new_tokens); no padding
+    behaviour_logp:  [C] log mu(y_t | y_<t): log-prob of each completion token under the
+                     policy that sampled it, at the sampling temperature
+    reward:          scalar reward of the completion
+    advantage:       group-normalized advantage, fixed at generation time (never recomputed)
+    policy_version:  optimizer steps taken by the policy that generated it
+    uses:            how many training batches it has been part of so far
+    """
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    behaviour_logp: torch.Tensor
+    reward: float
+    advantage: float
+    policy_version: int
+    uses: int = 0
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        self.max_age = max_age
+        self.items: collections.deque[Rollout] = collections.deque(maxlen=capacity)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, rollouts: list[Rollout]) -> None:
+        """Append rollouts; once full, each new one evicts the oldest (deque with maxlen)."""
+        self.items.extend(rollouts)
+
+    def drop_stale(self, current_version: int) -> int:
+        """Evict rollouts older than max_age optimizer steps. Returns how many were dropped."""
+        if self.max_age is None:
+            return 0
+        before = len(self.items)
+        self.items = collections.deque(
+            (r for r in self.items if current_version - r.policy_version <= self.max_age),
+            maxlen=self.capacity)
+        return before - len(self.items)
+
+    def sample(self, batch_size: int) -> list[Rollout]:
+        """B distinct rollouts, uniformly at random, left in the buffer; their use counts go up."""
+        if batch_size > len(self.items):
+            raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of {len(self.items)}")
+        idx = torch.randperm(len(self.items), generator=self.generator)[:batch_size].tolist()
+        batch = [self.items[i] for i in idx]
+        for r in batch:
+            r.uses += 1
+        return batch
+
+    # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        items = list(self.items)
+        cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
+        return {
+            "prompt_ids": cat([r.prompt_ids for r in items], torch.long),
+            "prompt_lens": torch.tensor([len(r.prompt_ids) for r in items], dtype=torch.long),
+            "completion_ids": cat([r.completion_ids for r in items], torch.long),
+            "behaviour_logp": cat([r.behaviour_logp for r in items], torch.float32),
+            "completion_lens": torch.tensor([len(r.completion_ids) for r in items], dtype=torch.long),
+            "reward": torch.tensor([r.reward for r in items], dtype=torch.float64),
+            "advantage": torch.tensor([r.advantage for r in items], dtype=torch.float64),
+            "policy_version": torch.tensor([r.policy_version for r in items], dtype=torch.long),
+            "uses": torch.tensor([r.uses for r in items], dtype=torch.long),
+            "generator_state": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
+        completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
+        logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
+        self.items = collections.deque(maxlen=self.capacity)
+        for i, (p, c, lp) in enumerate(zip(prompts, completions, logps)):
+            self.items.append(Rollout(p.clone(), c.clone(), lp.clone(), state["reward"][i].item(),
+                                      state["advantage"][i].item(), int(state["policy_version"][i]),
+                                      int(state["uses"][i])))
+        self.generator.set_state(state["generator_state"])
+
+
+def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> dict[str, torch.Tensor]:
+    """Pad a list of rollouts into one batch for a training forward.
+
+    Prompts are left-padded and completions right-padded, so every completion starts at the
+    same column P (= longest prompt):   [pad pad p p p | c c c EOS pad]
+    Returns
+      input_ids, attention_mask, position_ids: [B, P + C]
+      completion_mask:  [B, C]  1 on real completion tokens (EOS included), 0 on padding
+      behaviour_logp:   [B, C]  (0 on padding)
+      advantage:        [B]
+      age:              [B]  current_version - policy_version
+    position_ids count real tokens only, exactly as generate() numbers them under left padding.
+    """
+    B = len(rollouts)
+    P = max(len(r.prompt_ids) for r in rollouts)
+    C = max(len(r.completion_ids) for r in rollouts)
+    input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, P + C), dtype=torch.long)
+    behaviour_logp = torch.zeros((B, C))
+    for i, r in enumerate(rollouts):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        input_ids[i, P - p:P] = r.prompt_ids
+        input_ids[i, P:P + c] = r.completion_ids
+        attention_mask[i, P - p:P + c] = 1
+        behaviour_logp[i, :c] = r.behaviour_logp
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "completion_mask": attention_mask[:, P:].float(),
+        "behaviour_logp": behaviour_logp,
+        "advantage": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
+        "age": torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32),
+    }

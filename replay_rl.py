@@ -1,0 +1,161 @@
+"""The policy (a causal LM with LoRA), the off-policy policy-gradient loss and the update step.
+
+    loss_type "tis" (default), truncated importance sampling, token level:
+        rho_t = pi_theta(y_t) / mu(y_t)          mu = the policy that generated the rollout
+        w_t   = min(rho_t, C)                    C = is_cap, no gradient through w_t
+        L     = - sum_t w_t * A * log pi_theta(y_t)       (normalized, see below)
+    loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy, no KL term:
+        L     = - sum_t min(rho_t * A, clip(rho_t, 1 - eps, 1 + eps) * A)
+    normalization "token_mean": divide by the number of completion tokens in the batch;
+                  "sequence_mean": average over tokens within a sequence, then over sequences.
+With rho = 1 (fresh, on-policy data) both reduce to the plain policy gradient -A * grad log pi.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from buffer import Rollout, collate
+
+LOSS_TYPES = ("tis", "ppo")
+NORMALIZATIONS = ("token_mean", "sequence_mean")
+
+
+def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
+                lora_dropout: float = 0.0, target_modules="all-linear", load_in_4bit: bool = False,
+                device: str = "cpu", dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
+    """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
+
+    Returns (peft_model, tokenizer). Only the LoRA weights are trainable. The tokenizer pads on
+    the left (prompts for generate) and falls back to EOS as the pad token.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype)
+        kwargs["device_map"] = {"": device}
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    if load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate), after
+        # which backward silently gives no LoRA gradients; this flag keeps the plain layout.
+        for module in model.modules():
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    else:
+        model.to(device)
+    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha or 2 * lora_r, lora_dropout=lora_dropout,
+                      target_modules=target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora), tokenizer
+
+
+def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 1.0):
+    """log pi_theta(y_t | y_<t) of every completion column, and the policy entropy there.
+
+    batch from ``collate``: input_ids [B, P + C], completion_mask [B, C].
+    The logits at column j predict token j + 1, so completion tokens (columns P .. P+C-1) are
+    scored by the logits of columns P-1 .. P+C-2; only those C columns are materialized.
+    Returns logp [B, C] (with gradient) and entropy [B, C] (no gradient).
+    """
+    C = batch["completion_mask"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=C + 1)
+    logits = out.logits[:, :-1].float() / temperature                # [B, C, V]
+    tokens = batch["input_ids"][:, -C:]
+    log_z = torch.logsumexp(logits, dim=-1)                          # [B, C]
+    logp = logits.gather(-1, tokens[..., None]).squeeze(-1) - log_z
+    with torch.no_grad():
+        entropy = log_z - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logp, entropy
+
+
+def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor,
+                mask: torch.Tensor, *, loss_type: str = "tis", is_cap: float = 2.0,
+                epsilon: float = 0.2, normalization: str = "token_mean"):
+    """The off-policy policy-gradient loss (see the module docstring for the formulas).
+
+    logp, behaviour_logp, mask: [B, T];  advantage: [B].   Returns (loss, metrics).
+    metrics: is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
+    tokens whose weight was cut to the cap (tis) or whose clipped term was active (ppo);
+    approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta).
+    """
+    log_ratio = logp - behaviour_logp
+    ratio = torch.exp(log_ratio)                                     # rho_t
+    A = advantage[:, None]
+    if loss_type == "tis":
+        weight = ratio.detach().clamp(max=is_cap)
+        per_token = -weight * A * logp
+        cut = ratio.detach() > is_cap
+    elif loss_type == "ppo":
+        unclipped = ratio * A
+        clipped = ratio.clamp(1 - epsilon, 1 + epsilon) * A
+        per_token = -torch.minimum(unclipped, clipped)
+        cut = (clipped < unclipped).detach()
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
+
+    if normalization == "token_mean":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    elif normalization == "sequence_mean":
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+    else:
+        raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        r = ratio.detach()
+        metrics = {
+            "is_ratio_mean": ((r * mask).sum() / n).item(),
+            "is_ratio_max": r.masked_fill(mask == 0, 0).max().item(),
+            "is_truncated_frac": ((cut.float() * mask).sum() / n).item(),
+            "approx_kl": (((r - 1 - log_ratio.detach()) * mask).sum() / n).item(),
+        }
+    return loss, metrics
+
+
+def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
+                loss_type: str = "tis", is_cap: float = 2.0, epsilon: float = 0.2,
+                normalization: str = "token_mean", temperature: float = 1.0,
+                micro_batch_size: int = 0, max_grad_norm: float = 1.0) -> dict:
+    """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
+
+    Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
+    for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
+    """
+    device = next(model.parameters()).device
+    micro = micro_batch_size or len(rollouts)
+    chunks = [rollouts[i:i + micro] for i in range(0, len(rollouts), micro)]
+    total_tokens = sum(len(r.completion_ids) for r in rollouts)
+    sums = {"loss": 0.0, "is_ratio_mean": 0.0, "is_truncated_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
+    ratio_max = 0.0
+    optimizer.zero_grad(set_to_none=True)
+    for chunk in chunks:
+        batch = {k: v.to(device) for k, v in collate(chunk, pad_id, policy_version).items()}
+        logp, entropy = completion_logp(model, batch, temperature)
+        loss, m = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"],
+                              loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization)
+        n_tokens = batch["completion_mask"].sum().item()
+        share = n_tokens / total_tokens if normalization == "token_mean" else len(chunk) / len(rollouts)
+        (loss * share).backward()
+        token_share = n_tokens / total_tokens
+        sums["loss"] += loss.item() * share
+        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl"):
+            sums[k] += m[k] * token_share
+        sums["entropy"] += (entropy * batch["completion_mask"]).sum().item() / total_tokens
+        ratio_max = max(ratio_max, m["is_ratio_max"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    ages = [policy_version - r.policy_version for r in rollouts]
+    return {**sums, "is_ratio_max": ratio_max, "grad_norm": grad_norm.item(),
+            "age_mean": sum(ages) / len(ages), "age_max": max(ages),
+            "uses_mean": sum(r.uses for r in rollouts) / len(rollouts)}

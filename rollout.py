@@ -1,0 +1,143 @@
+"""Batched rollouts with Hugging Face ``generate``: behaviour log-probs, rewards, group advantages.
+
+Needs a causal LM, its tokenizer and a reward function ``reward_fn(prompt, completion) -> float``;
+nothing else of this project but the ``Rollout`` record.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from buffer import Rollout
+
+
+class BehaviourLogProbs(LogitsProcessor):
+    """Records log mu(y_t) of every sampled token while ``generate`` runs, with no second forward.
+
+    ``generate`` calls this processor at step t with the raw logits z_t [B, V] (before temperature
+    and top-p: our processor comes first in the list) and with input_ids that end with the token
+    sampled at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next
+    call; the last step is gathered in ``finish``. Memory stays O(B * V), not O(B * T * V).
+    log mu is the temperature-scaled softmax, the same distribution the loss evaluates; top-p
+    truncation is not modelled (keep top_p = 1.0 for exact importance ratios).
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev_logp: torch.Tensor | None = None
+        self.token_logp: list[torch.Tensor] = []   # each [B]
+        self.entropy: list[torch.Tensor] = []      # each [B], entropy of mu at that step
+
+    def _gather_prev(self, tokens: torch.Tensor) -> None:
+        if self.prev_logp is not None:
+            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._gather_prev(input_ids[:, -1])
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.entropy.append(-(logp.exp() * logp).sum(-1))
+        self.prev_logp = logp
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (token_logp [B, T], entropy [B, T]) for the T generated steps."""
+        self._gather_prev(last_tokens)
+        return torch.stack(self.token_logp, 1), torch.stack(self.entropy, 1)
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group.   rewards: [num_prompts, G]
+
+    std is the sample standard deviation (as TRL's GRPO). A group whose rewards are all equal
+    gets A = 0: it costs generation and teaches nothing (counted as zero_adv_frac).
+    """
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
+    return (rewards - mean) / (std + eps)
+
+
+@torch.inference_mode()
+def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
+                      max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                      policy_version: int = 0) -> tuple[list[Rollout], dict]:
+    """Sample ``num_generations`` completions per prompt and turn them into Rollouts.
+
+    Prompts are left-padded so every completion starts at the same column; generation uses the
+    KV cache. Per rollout the completion keeps its tokens up to and including the first EOS
+    (pad == eos is common, so everything after the first EOS is padding). The rollouts of one
+    prompt form a group [G] whose rewards give the advantages.
+    Returns (rollouts in prompt-major order, stats).
+    """
+    device = next(model.parameters()).device
+    G = num_generations
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False).to(device)
+    input_ids = enc.input_ids.repeat_interleave(G, dim=0)            # [N*G, P]
+    attention_mask = enc.attention_mask.repeat_interleave(G, dim=0)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    # A config of our own, so a model's shipped defaults (top_k, repetition_penalty, ...) cannot
+    # silently change the sampling distribution that behaviour_logp describes.
+    gen_config = GenerationConfig(
+        do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_id, pad_token_id=pad_id if pad_id is not None else eos_id)
+    recorder = BehaviourLogProbs(temperature)
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                               generation_config=gen_config,
+                               logits_processor=LogitsProcessorList([recorder]))
+    completions = sequences[:, input_ids.shape[1]:]                  # [N*G, T]
+    token_logp, token_entropy = recorder.finish(completions[:, -1])
+
+    # Length = up to and including the first EOS, else all T tokens (truncated at max_new_tokens).
+    is_eos = completions == eos_id
+    T = completions.shape[1]
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
+    lengths = torch.clamp(first_eos + 1, max=T)
+    mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
+
+    texts = [tokenizer.decode(completions[i, :lengths[i]], skip_special_tokens=True)
+             for i in range(len(completions))]
+    rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
+    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+
+    prompt_lens = enc.attention_mask.sum(1).tolist()
+    rollouts = []
+    for i in range(len(texts)):
+        n = int(lengths[i])
+        p = prompt_lens[i // G]
+        rollouts.append(Rollout(
+            prompt_ids=enc.input_ids[i // G, -p:].cpu(),
+            completion_ids=completions[i, :n].cpu(),
+            behaviour_logp=token_logp[i, :n].float().cpu(),
+            reward=rewards[i].item(),
+            advantage=advantages[i].item(),
+            policy_version=policy_version))
+    groups = rewards.view(-1, G)
+    stats = {
+        "reward": rewards.mean().item(),
+        "zero_adv_frac": (groups.std(1) == 0).float().mean().item() if G > 1 else 1.0,
+        "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),
+        "completion_len": lengths.float().mean().item(),
+        "truncated_frac": (~is_eos.any(1)).float().mean().item(),
+        "new_tokens": int(lengths.sum()),
+        "completions": texts,
+    }
+    return rollouts, stats
+
+
+@torch.inference_mode()
+def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
+                    batch_size: int = 256) -> float:
+    """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
+    device = next(model.parameters()).device
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_id,
+                                  pad_token_id=pad_id if pad_id is not None else eos_id)
+    total = 0.0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False).to(device)
+        out = model.generate(**enc, generation_config=gen_config)
+        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+        total += sum(float(reward_fn(p, t)) for p, t in zip(chunk, texts))
+    return total / len(prompts)

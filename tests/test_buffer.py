@@ -1,0 +1,88 @@
+import collections
+
+import pytest
+import torch
+
+from buffer import ReplayBuffer, Rollout, collate
+
+
+def make(i, version=0, prompt_len=2, completion_len=3):
+    """A rollout whose tokens encode its id i, so order and identity are checkable."""
+    return Rollout(prompt_ids=torch.full((prompt_len,), 100 + i), completion_ids=torch.arange(completion_len) + 10 * i,
+                   behaviour_logp=-torch.arange(1, completion_len + 1) / (i + 1.0), reward=float(i % 2),
+                   advantage=i - 0.5, policy_version=version)
+
+
+def ids(rollouts):
+    return [int(r.prompt_ids[0]) - 100 for r in rollouts]
+
+
+def test_fifo_eviction_drops_oldest_first():
+    buf = ReplayBuffer(capacity=3)
+    buf.add([make(0), make(1)])
+    buf.add([make(2), make(3), make(4)])
+    assert ids(buf.items) == [2, 3, 4]
+    buf.add([make(5)])
+    assert ids(buf.items) == [3, 4, 5]
+
+
+def test_sample_is_distinct_uniform_and_does_not_remove():
+    buf = ReplayBuffer(capacity=10, seed=1)
+    buf.add([make(i) for i in range(10)])
+    counts = collections.Counter()
+    for _ in range(2000):
+        batch = buf.sample(4)
+        assert len(set(ids(batch))) == 4                 # no duplicates inside a batch
+        counts.update(ids(batch))
+    assert len(buf) == 10                                # sampling leaves the buffer intact
+    # each rollout is expected 2000*4/10 = 800 times; binomial sd ~ 22, so 700..900 is > 4 sd
+    assert all(700 < counts[i] < 900 for i in range(10)), counts
+    assert sorted(ids(buf.sample(10))) == list(range(10))
+    with pytest.raises(ValueError):
+        buf.sample(11)
+
+
+def test_use_counts_and_ages():
+    buf = ReplayBuffer(capacity=4)
+    buf.add([make(0, version=0), make(1, version=3)])
+    batch = buf.sample(2)
+    batch = buf.sample(2)
+    assert [r.uses for r in buf.items] == [2, 2]
+    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, current_version=5)
+    assert cols["age"].tolist() == [5.0, 2.0]
+
+
+def test_max_age_drops_stale_rollouts():
+    buf = ReplayBuffer(capacity=10, max_age=2)
+    buf.add([make(0, version=0), make(1, version=1), make(2, version=3)])
+    assert buf.drop_stale(current_version=3) == 1
+    assert ids(buf.items) == [1, 2]                      # age 3 > 2 dropped; age 2 kept
+    assert buf.drop_stale(current_version=10) == 2
+    assert len(buf) == 0
+
+
+def test_state_dict_round_trip_restores_items_and_sampling():
+    buf = ReplayBuffer(capacity=5, seed=3)
+    buf.add([make(i, version=i, prompt_len=1 + i % 3, completion_len=1 + i % 4) for i in range(7)])
+    buf.sample(3)
+    state = buf.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    other = ReplayBuffer(capacity=5, seed=99)
+    other.load_state_dict(state)
+    for a, b in zip(buf.items, other.items):
+        assert torch.equal(a.prompt_ids, b.prompt_ids) and torch.equal(a.completion_ids, b.completion_ids)
+        assert torch.equal(a.behaviour_logp, b.behaviour_logp)
+        assert (a.reward, a.advantage, a.policy_version, a.uses) == (b.reward, b.advantage, b.policy_version, b.uses)
+    assert ids(buf.sample(3)) == ids(other.sample(3))    # the sampler's RNG travels too
+
+
+def test_collate_pads_prompts_left_and_completions_right():
+    a = Rollout(torch.tensor([5, 6, 7]), torch.tensor([8, 1]), torch.tensor([-0.1, -0.2]), 1.0, 0.5, 0)
+    b = Rollout(torch.tensor([9]), torch.tensor([3, 4, 1]), torch.tensor([-0.3, -0.4, -0.5]), 0.0, -0.5, 0)
+    cols = collate([a, b], pad_id=0)
+    assert cols["input_ids"].tolist() == [[5, 6, 7, 8, 1, 0], [0, 0, 9, 3, 4, 1]]
+    assert cols["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert cols["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
+    assert cols["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert torch.allclose(cols["behaviour_logp"], torch.tensor([[-0.1, -0.2, 0.0], [-0.3, -0.4, -0.5]]))
+    assert cols["advantage"].tolist() == [0.5, -0.5]

@@ -1,0 +1,85 @@
+"""The loss against hand-computed values and gradients.
+
+Setup used throughout: two sequences, the second one padded after 2 tokens, so the batch has
+5 real tokens. Gradients are taken with respect to logp itself: for token_mean,
+d L / d logp_t = -(weight_t * A) / 5 on real tokens and 0 on padding.
+"""
+import math
+
+import pytest
+import torch
+
+from replay_rl import policy_loss
+
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+ADV = torch.tensor([1.0, -2.0])
+
+
+def run(logp_values, behaviour_values, **kw):
+    logp = torch.tensor(logp_values, requires_grad=True)
+    loss, metrics = policy_loss(logp, torch.tensor(behaviour_values), ADV, MASK, **kw)
+    loss.backward()
+    return loss.item(), logp.grad, metrics
+
+
+def test_on_policy_ratio_one_is_plain_policy_gradient():
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
+    for loss_type in ("tis", "ppo"):
+        loss, grad, m = run(lp, lp, loss_type=loss_type)
+        # d/dlogp of -A * logp (tis) and of -A * exp(logp - mu) at rho = 1 (ppo) are both -A
+        expected = torch.tensor([[-1.0, -1.0, -1.0], [2.0, 2.0, 0.0]]) / 5
+        assert torch.allclose(grad, expected), loss_type
+        assert m["is_ratio_mean"] == pytest.approx(1.0) and m["is_truncated_frac"] == 0.0
+        assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    loss, _, _ = run(lp, lp, loss_type="tis")
+    # tis value: -(1*(-0.5-1-2) + (-2)*(-0.3-0.7)) / 5 = -(-3.5 + 2) / 5 = 0.3
+    assert loss == pytest.approx(0.3)
+
+
+def test_tis_truncates_the_weight_at_the_cap_without_gradient_through_it():
+    lp = [[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]]
+    mu = [[-1.0 - math.log(3.0), -1.0 - math.log(0.5), -1.0], [-1.0 - math.log(2.5), -1.0, -5.0]]
+    loss, grad, m = run(lp, mu, loss_type="tis", is_cap=2.0)
+    # ratios: [3, 0.5, 1], [2.5, 1, (pad)] -> weights [2, 0.5, 1], [2, 1]
+    expected = torch.tensor([[-2.0, -0.5, -1.0], [2 * 2.0, 2 * 1.0, 0.0]]) / 5
+    assert torch.allclose(grad, expected, atol=1e-6)
+    # value: -(1*(2+0.5+1)*(-1) + (-2)*(2+1)*(-1)) / 5 = -(-3.5 + 6) / 5 = -0.5
+    assert loss == pytest.approx(-0.5, abs=1e-6)
+    assert m["is_truncated_frac"] == pytest.approx(2 / 5)
+    assert m["is_ratio_max"] == pytest.approx(3.0)
+    assert m["is_ratio_mean"] == pytest.approx((3 + 0.5 + 1 + 2.5 + 1) / 5)
+    # approx_kl = mean(rho - 1 - log rho) over real tokens
+    kl = sum(r - 1 - math.log(r) for r in (3, 0.5, 1, 2.5, 1)) / 5
+    assert m["approx_kl"] == pytest.approx(kl, rel=1e-5)
+
+
+def test_ppo_clips_only_where_the_clipped_term_is_smaller():
+    lp = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # ratios: seq 0 (A=+1): 1.5, 0.5, 1.1; seq 1 (A=-2): 1.5, 0.5
+    mu = [[-math.log(1.5), -math.log(0.5), -math.log(1.1)], [-math.log(1.5), -math.log(0.5), 0.0]]
+    loss, grad, m = run(lp, mu, loss_type="ppo", epsilon=0.2)
+    # A>0, rho=1.5: min(1.5, 1.2) -> clipped, no gradient;   A>0, rho=0.5: min(0.5, 0.8) -> unclipped
+    # A>0, rho=1.1: inside the range;  A<0, rho=1.5: min(-3, -2.4) = -3 unclipped;  A<0, rho=0.5: clipped
+    # unclipped gradient of -rho*A w.r.t. logp is -rho*A
+    expected = torch.tensor([[0.0, -0.5, -1.1], [1.5 * 2, 0.0, 0.0]]) / 5
+    assert torch.allclose(grad, expected, atol=1e-6)
+    value = -(1.2 + 0.5 + 1.1 + (-3.0) + (-2 * 0.8)) / 5
+    assert loss == pytest.approx(value, abs=1e-6)
+    assert m["is_truncated_frac"] == pytest.approx(2 / 5)
+
+
+def test_sequence_mean_averages_within_then_across_sequences():
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
+    loss, grad, _ = run(lp, lp, loss_type="tis", normalization="sequence_mean")
+    # seq 0: -1*(-3.5)/3;  seq 1: 2*(-1.0)/2;  mean over the 2 sequences
+    assert loss == pytest.approx((3.5 / 3 - 1.0) / 2)
+    expected = torch.tensor([[-1 / 3, -1 / 3, -1 / 3], [2 / 2, 2 / 2, 0.0]]) / 2
+    assert torch.allclose(grad, expected)
+
+
+def test_unknown_names_are_refused():
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="loss_type"):
+        policy_loss(lp, lp, ADV, MASK, loss_type="reinforce")
+    with pytest.raises(ValueError, match="normalization"):
+        policy_loss(lp, lp, ADV, MASK, normalization="sum")

@@ -1,0 +1,76 @@
+import copy
+import math
+
+import pytest
+import torch
+
+from buffer import collate
+from replay_rl import completion_logp, load_policy
+from rollout import generate_rollouts, group_advantages
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]])
+    adv = group_advantages(rewards, eps=0.0)
+    s = math.sqrt(1 / 3)                     # sample std of [1, 0, 0, 1]: sqrt((4 * 0.25) / 3)
+    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / s)
+    assert torch.equal(group_advantages(rewards)[1], torch.zeros(4))   # all equal: no signal
+    s2 = math.sqrt(2 / 3)                    # [2, 0, 1, 1]: mean 1, squares 1+1+0+0 over 3
+    assert torch.allclose(adv[2], torch.tensor([1.0, -1.0, 0.0, 0.0]) / s2)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_path):
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(tiny_path, lora_r=8)
+    for name, p in model.named_parameters():      # a non-zero adapter, so LoRA is in the path
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
+    model, tokenizer = policy
+    prompts = ["1+2=", "45+67=", "9+99=", "80+0="]          # different lengths: left padding in play
+    torch.manual_seed(1)
+    rollouts, stats = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                                        max_new_tokens=5, temperature=temperature)
+    batch = collate(rollouts, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, entropy = completion_logp(model, batch, temperature)
+    mask = batch["completion_mask"]
+    assert mask.sum() > len(rollouts)                          # real multi-token completions
+    assert ((logp - batch["behaviour_logp"]).abs() * mask).max() < 1e-5
+    assert stats["rollout_entropy"] == pytest.approx(((entropy * mask).sum() / mask.sum()).item(), abs=1e-5)
+    # a different temperature is a different distribution: the check above can fail
+    with torch.no_grad():
+        other, _ = completion_logp(model, batch, temperature * 2)
+    assert ((other - batch["behaviour_logp"]).abs() * mask).max() > 1e-2
+
+
+def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
+    model, tokenizer = policy
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.pad_token = tokenizer.eos_token                  # the common pad == eos setup
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(2)
+    rollouts, stats = generate_rollouts(model, tokenizer, ["12+34=", "5+6="] * 8, addition.reward,
+                                        num_generations=4, max_new_tokens=4, temperature=1.5)
+    lengths = [len(r.completion_ids) for r in rollouts]
+    ended = [r for r in rollouts if r.completion_ids[-1] == eos]
+    assert ended and len(set(lengths)) > 1                     # some finished early: padding happened
+    for r in rollouts:
+        c = r.completion_ids.tolist()
+        assert eos not in c[:-1]                               # cut at the first EOS ...
+        assert c[-1] == eos or len(c) == 4                     # ... which is kept, unless truncated
+        assert len(r.behaviour_logp) == len(c)
+    batch = collate(rollouts, tokenizer.pad_token_id)
+    assert batch["completion_mask"].sum(1).tolist() == lengths  # EOS counted, pads not
+    assert stats["new_tokens"] == sum(lengths)
+    # rewards follow the decoded completion, advantages are normalized per group of 4
+    for i, r in enumerate(rollouts):
+        text = tokenizer.decode(r.completion_ids, skip_special_tokens=True)
+        assert r.reward == addition.reward(["12+34=", "5+6="][(i // 4) % 2], text)
+    adv = torch.tensor([r.advantage for r in rollouts]).view(-1, 4)
+    assert torch.allclose(adv.sum(1), torch.zeros(len(adv)), atol=1e-4)
