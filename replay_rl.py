@@ -12,6 +12,8 @@ With rho = 1 (fresh, on-policy data) both reduce to the plain policy gradient -A
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,6 +132,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
 
     Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
     for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
+    A step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
+    and the optimizer state stay as they were.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
@@ -154,8 +158,13 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         ratio_max = max(ratio_max, m["is_ratio_max"])
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
+    skipped = not (math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item())
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
     ages = [policy_version - r.policy_version for r in rollouts]
-    return {**sums, "is_ratio_max": ratio_max, "grad_norm": grad_norm.item(),
+    return {**sums, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm.item(),
             "age_mean": sum(ages) / len(ages), "age_max": max(ages),
             "uses_mean": sum(r.uses for r in rollouts) / len(rollouts)}

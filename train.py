@@ -15,6 +15,9 @@ import dataclasses
 import json
 import os
 import random
+import re
+import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,14 +39,14 @@ class Config:
     output_dir: str = opt("", "run folder for metrics.jsonl, config.json and adapter/ (default runs/<time>)")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
-    prompts_per_round: int = opt(16, "prompts sampled per round")
+    prompts_per_round: int = opt(32, "prompts sampled per round")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
     top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore the truncation")
     # replay
-    buffer_size: int = opt(256, "N: rollouts kept in the FIFO replay buffer")
-    batch_size: int = opt(128, "B: rollouts per optimizer step, sampled from the buffer")
+    buffer_size: int = opt(256, "N: rollouts kept in the FIFO replay buffer (N = R and K*B = R: on-policy)")
+    batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
     updates_per_round: int = opt(1, "K: optimizer steps per round")
     max_age: int = opt(0, "drop rollouts older than this many optimizer steps; 0 = no limit")
     # loss and optimizer
@@ -57,30 +60,70 @@ class Config:
     lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = whole batch")
     # length of the run and evaluation
-    max_rounds: int = opt(120, "stop after this many rounds")
+    max_rounds: int = opt(600, "stop after this many rounds")
     max_gen_tokens: int = opt(0, "stop once this many completion tokens were generated; 0 = no limit")
-    eval_every: int = opt(10, "greedy eval on held-out prompts every this many rounds")
+    eval_every: int = opt(50, "greedy eval on held-out prompts every this many rounds")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
     load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4)")
+    trust_remote_code: bool = opt(False, "run model code shipped with the model (off unless you trust it)")
+    # checkpoints and failures
+    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
+    keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
+    resume: str = opt("", "continue from a checkpoint folder, or from the latest checkpoint of a run folder")
+    on_reward_error: str = opt("raise", "a reward function that raises: stop (raise) or score 0 and count it (zero)",
+                               choices=("raise", "zero"))
+    max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for a NaN/inf loss or gradient")
 
     @property
     def rollouts_per_round(self) -> int:
         return self.prompts_per_round * self.num_generations
 
 
-def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+# Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
+RESUME_FIXED = ("model", "task", "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size",
+                "prompts_per_round", "num_generations", "temperature")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")     # one line, no usage dump, no traceback
+
+
+def build_parser(explicit_only: bool = False) -> argparse.ArgumentParser:
+    """The CLI, one flag per Config field. explicit_only: flags not given are left out of the result."""
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     argument_default=argparse.SUPPRESS if explicit_only else None)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        extra = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+        default = argparse.SUPPRESS if explicit_only else f.default
         if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata["help"])
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"])
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, metavar=f.name.upper(),
+            extra = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+            parser.add_argument(flag, type=type(f.default), default=default, metavar=type(f.default).__name__.upper(),
                                 help=f.metadata["help"] + " (default: %(default)s)", **extra)
+    return parser
+
+
+def parse_config(argv=None) -> Config:
+    """Flags -> Config, checked before anything is loaded. With --resume, the checkpoint's config
+    is the base and the flags given on the command line override it."""
+    parser = build_parser()
     cfg = Config(**vars(parser.parse_args(argv)))
+    if cfg.resume:
+        checkpoint = find_checkpoint(cfg.resume)
+        if checkpoint is None:
+            parser.error(f"--resume {cfg.resume}: no checkpoint there (a checkpoint-<round> folder with state.json)")
+        with open(os.path.join(checkpoint, "state.json")) as f:
+            saved = json.load(f)["config"]
+        given = vars(build_parser(explicit_only=True).parse_args(argv))
+        changed = [f"--{k.replace('_', '-')} (saved {saved[k]!r}, given {given[k]!r})"
+                   for k in RESUME_FIXED if k in given and given[k] != saved[k]]
+        if changed:
+            parser.error(f"--resume {checkpoint}: these fields cannot change on resume: {', '.join(changed)}")
+        run_dir = os.path.dirname(os.path.abspath(checkpoint))
+        cfg = Config(**{**saved, **given, "resume": checkpoint, "output_dir": run_dir})
     problem = config_problem(cfg)
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
@@ -90,10 +133,11 @@ def parse_config(argv=None) -> Config:
 def config_problem(cfg: Config) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size", "updates_per_round",
-                 "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr", "temperature"):
+                 "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr", "temperature", "keep_checkpoints",
+                 "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size"):
+    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.batch_size > cfg.buffer_size:
@@ -118,6 +162,93 @@ def pick_device(name: str) -> str:
     return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
+# ---- checkpoints: checkpoint-<round>/{adapter/, optimizer.pt, buffer.safetensors, rng.safetensors, state.json}
+def find_checkpoint(path: str) -> str | None:
+    """path itself if it is a checkpoint, else the newest complete checkpoint-<round> inside it."""
+    if os.path.isfile(os.path.join(path, "state.json")):
+        return path
+    if not os.path.isdir(path):
+        return None
+    rounds = [int(m.group(1)) for d in os.listdir(path) if (m := re.fullmatch(r"checkpoint-(\d+)", d))
+              and os.path.isfile(os.path.join(path, d, "state.json"))]
+    return os.path.join(path, f"checkpoint-{max(rounds)}") if rounds else None
+
+
+def save_checkpoint(run_dir: str, model, optimizer, buffer, state: dict, rng: random.Random, cfg: Config) -> str:
+    """Write everything needed to continue exactly, atomically: into a hidden temporary folder
+    first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact."""
+    from safetensors.torch import save_file
+
+    final = os.path.join(run_dir, f"checkpoint-{state['round']}")
+    tmp = os.path.join(run_dir, f".tmp-checkpoint-{state['round']}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    model.save_pretrained(os.path.join(tmp, "adapter"))
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    save_file(buffer.state_dict(), os.path.join(tmp, "buffer.safetensors"))
+    rng_state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng_state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    save_file(rng_state, os.path.join(tmp, "rng.safetensors"))
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump({"state": state, "python_rng": rng.getstate(), "config": dataclasses.asdict(cfg)}, f)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    old = sorted((int(m.group(1)) for d in os.listdir(run_dir) if (m := re.fullmatch(r"checkpoint-(\d+)", d))))
+    for r in old[:-cfg.keep_checkpoints]:
+        shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str, model, optimizer, buffer, rng: random.Random) -> dict:
+    """Restore weights, optimizer, buffer and RNG streams in place; returns the saved loop state.
+    Only tensors and JSON are read (safetensors, torch.load with weights_only=True): no pickles."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    device = next(model.parameters()).device
+    set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter", "adapter_model.safetensors"),
+                                               device=str(device)))
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location=device, weights_only=True))
+    buffer.load_state_dict(load_file(os.path.join(path, "buffer.safetensors")))
+    rng_state = load_file(os.path.join(path, "rng.safetensors"))
+    torch.set_rng_state(rng_state["torch"])
+    if "cuda" in rng_state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(rng_state["cuda"]))
+    with open(os.path.join(path, "state.json")) as f:
+        saved = json.load(f)
+    version, internal, gauss = saved["python_rng"]
+    rng.setstate((version, tuple(internal), gauss))
+    return saved["state"]
+
+
+class StopRequest:
+    """First Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C exits at once."""
+
+    def __init__(self):
+        self.signum = None
+        self.previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __call__(self, signum, frame):
+        self.signum = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(Ctrl-C again to exit at once, without saving)", file=sys.stderr, flush=True)
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+class RewardError(RuntimeError):
+    pass
+
+
+OOM_HELP = ("out of GPU memory. Turn one of these down/on and rerun (or --resume): --load-in-4bit, "
+            "--micro-batch-size (e.g. 8), --batch-size, --num-generations, --max-new-tokens, "
+            "or a smaller --model")
+
+
 def quiet_libraries() -> None:
     """Hide library chatter that says nothing about the run (weight-loading bars, optional kernels)."""
     import logging
@@ -135,27 +266,40 @@ def main(argv=None) -> dict:
     cfg = parse_config(argv)
     quiet_libraries()
     import tasks
+    try:
+        task = tasks.load_task(cfg.task)
+    except (ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    stop = StopRequest()
+    try:
+        return train(cfg, task, stop)
+    except torch.OutOfMemoryError:
+        sys.exit(f"error: {OOM_HELP}")
+    except RewardError as e:
+        sys.exit(f"error: {e}")
+    finally:
+        stop.restore()
+
+
+def train(cfg: Config, task, stop: StopRequest) -> dict:
+    import tasks
     from buffer import ReplayBuffer
     from replay_rl import load_policy, update_step
     from rollout import generate_rollouts, greedy_accuracy
     from tqdm import tqdm
 
-    try:
-        task = tasks.load_task(cfg.task)
-    except (ValueError, OSError) as e:
-        sys.exit(f"error: {e}")
     out = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
 
-    random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(cfg.seed)                 # the prompt stream
     device = pick_device(cfg.device)
     model_path = tasks.tiny_model(task) if cfg.model == "tiny" else cfg.model
     model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                   load_in_4bit=cfg.load_in_4bit, device=device)
+                                   load_in_4bit=cfg.load_in_4bit, device=device,
+                                   trust_remote_code=cfg.trust_remote_code)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(cfg.buffer_size, max_age=cfg.max_age or None, seed=cfg.seed)
@@ -172,73 +316,126 @@ def main(argv=None) -> dict:
     print(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
           f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}")
 
-    metrics_file = open(os.path.join(out, "metrics.jsonl"), "w")
-    state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0}
+    # Everything the loop needs to continue exactly is in `state` (plus weights, optimizer, buffer, RNGs).
+    state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
+             "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "pending_updates": 0,
+             "round_stats": {}, "first_accuracy": None, "last_accuracy": None, "last_eval_round": -1,
+             "metrics_bytes": 0}
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    if cfg.resume:
+        state = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
+        with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
+            f.truncate(state["metrics_bytes"])
+        print(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
+    metrics_file = open(metrics_path, "a" if cfg.resume else "w")
+    counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors")
 
     def log(row: dict) -> None:
-        metrics_file.write(json.dumps({**state, **row}) + "\n")
+        metrics_file.write(json.dumps({**{k: state[k] for k in counters}, **row}) + "\n")
         metrics_file.flush()
+        state["metrics_bytes"] = metrics_file.tell()
+
+    def reward(prompt: str, completion: str) -> float:
+        try:
+            value = float(task.reward(prompt, completion))
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"non-finite reward {value}")
+            return value
+        except Exception as e:
+            if cfg.on_reward_error == "zero":
+                state["reward_errors"] += 1
+                return 0.0
+            raise RewardError(f"the reward function failed on prompt {prompt!r} with completion {completion!r}: "
+                              f"{type(e).__name__}: {e} (--on-reward-error zero scores such cases 0)") from e
 
     def evaluate() -> float:
         model.eval()
-        acc = greedy_accuracy(model, tokenizer, eval_prompts, task.reward, max_new_tokens=max_new_tokens)
+        acc = greedy_accuracy(model, tokenizer, eval_prompts, reward, max_new_tokens=max_new_tokens)
         model.train()
         log({"eval_accuracy": acc})
+        state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
+        if state["first_accuracy"] is None:
+            state["first_accuracy"] = acc
         return acc
 
-    first_acc = last_acc = evaluate()
-    history = [(0, first_acc)]
-    bar = tqdm(range(1, cfg.max_rounds + 1), desc="rounds", dynamic_ncols=True)
-    for rnd in bar:
-        state["round"] = rnd
-        prompts = rng.sample(task.train_prompts, cfg.prompts_per_round)
-        t0 = time.perf_counter()
-        model.eval()
-        rollouts, gen = generate_rollouts(model, tokenizer, prompts, task.reward,
-                                          num_generations=cfg.num_generations, max_new_tokens=max_new_tokens,
-                                          temperature=cfg.temperature, top_p=cfg.top_p,
-                                          policy_version=state["step"])
-        model.train()
-        state["gen_seconds"] += time.perf_counter() - t0
-        state["gen_tokens"] += gen["new_tokens"]
-        buffer.add(rollouts)
-        buffer.drop_stale(state["step"])
+    def checkpoint() -> str:
+        return save_checkpoint(out, model, optimizer, buffer, state, rng, cfg)
 
-        t0 = time.perf_counter()
-        for _ in range(K if len(buffer) >= B else 0):     # until the buffer holds B, a round only generates
+    if state["first_accuracy"] is None:
+        evaluate()                                  # step 0: before any update
+    bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True)
+    while state["round"] < cfg.max_rounds or state["pending_updates"]:
+        if not state["pending_updates"]:            # a new round: generate, then K updates
+            state["round"] += 1
+            prompts = rng.sample(task.train_prompts, cfg.prompts_per_round)
+            t0 = time.perf_counter()
+            model.eval()
+            rollouts, gen = generate_rollouts(model, tokenizer, prompts, reward,
+                                              num_generations=cfg.num_generations, max_new_tokens=max_new_tokens,
+                                              temperature=cfg.temperature, top_p=cfg.top_p,
+                                              policy_version=state["step"])
+            model.train()
+            state["gen_seconds"] += time.perf_counter() - t0
+            state["gen_tokens"] += gen["new_tokens"]
+            state["round_stats"] = {k: gen[k] for k in ("reward", "rollout_entropy", "zero_adv_frac",
+                                                         "completion_len", "truncated_frac")}
+            buffer.add(rollouts)
+            buffer.drop_stale(state["step"])
+            state["pending_updates"] = K if len(buffer) >= B else 0   # until the buffer holds B: generate only
+        while state["pending_updates"] and stop.signum is None:
+            t0 = time.perf_counter()
             m = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id,
                             policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
                             epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
                             micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
             state["step"] += 1
+            state["pending_updates"] -= 1
             state["train_seconds"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            log({**m, "reward": gen["reward"], "rollout_entropy": gen["rollout_entropy"],
-                 "zero_adv_frac": gen["zero_adv_frac"], "completion_len": gen["completion_len"],
-                 "buffer_size": len(buffer)})
-
-        if rnd % cfg.eval_every == 0 or rnd == cfg.max_rounds:
-            last_acc = evaluate()
-            history.append((rnd, last_acc))
-        bar.set_postfix(reward=f"{gen['reward']:.2f}", acc=f"{last_acc:.3f}", step=state["step"],
-                        tokens=state["gen_tokens"])
+            state["skipped_steps"] += m["skipped"]
+            state["skipped_in_a_row"] = state["skipped_in_a_row"] + 1 if m["skipped"] else 0
+            log({**m, **state["round_stats"], "buffer_size": len(buffer)})
+            if state["skipped_in_a_row"] >= cfg.max_skipped_steps:
+                sys.exit(f"error: {state['skipped_in_a_row']} steps in a row had a NaN/inf loss or gradient "
+                         f"(skipped, weights unchanged); lower --lr or check the reward. Last checkpoint: "
+                         f"{find_checkpoint(out) or 'none'}")
+        if stop.signum is not None:
+            bar.close()
+            path = checkpoint()
+            print(f"interrupted: checkpoint saved to {path}\nresume with: python train.py --resume {out}",
+                  file=sys.stderr)
+            metrics_file.close()
+            sys.exit(128 + stop.signum)
+        if state["round"] % cfg.eval_every == 0:
+            evaluate()
+        rs = state["round_stats"]
+        bar.update(state["round"] - bar.n)
+        bar.set_postfix(reward=f"{rs.get('reward', 0):.2f}", acc=f"{state['last_accuracy']:.3f}",
+                        step=state["step"], tokens=state["gen_tokens"])
+        if cfg.save_every and state["round"] % cfg.save_every == 0:
+            checkpoint()
         if cfg.max_gen_tokens and state["gen_tokens"] >= cfg.max_gen_tokens:
             break
     bar.close()
-    if history[-1][0] != state["round"]:
-        last_acc = evaluate()
+    if state["last_eval_round"] != state["round"]:
+        evaluate()
+    checkpoint()
     metrics_file.close()
     model.save_pretrained(os.path.join(out, "adapter"))
 
+    first, last = state["first_accuracy"], state["last_accuracy"]
     total = state["gen_seconds"] + state["train_seconds"]
-    print(f"eval accuracy: {first_acc:.3f} at step 0 -> {last_acc:.3f} after {state['step']} steps "
-          f"({last_acc - first_acc:+.3f})")
+    print(f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state['step']} steps ({last - first:+.3f})")
     print(f"generated {state['gen_tokens']} completion tokens in {state['round']} rounds; time generation "
           f"{state['gen_seconds']:.1f} s / training {state['train_seconds']:.1f} s "
           f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
-    print(f"run folder: {out} (metrics.jsonl, adapter/)")
-    return {"first_accuracy": first_acc, "final_accuracy": last_acc, "output_dir": out, **state}
+    if state["skipped_steps"] or state["reward_errors"]:
+        print(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
+    print(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
+    return {"first_accuracy": first, "final_accuracy": last, "output_dir": out, **state}
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("\ninterrupted again: exited at once, without saving")

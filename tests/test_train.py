@@ -12,7 +12,7 @@ REQUIRED = {"step", "round", "gen_tokens", "reward", "entropy", "is_ratio_mean",
 
 @pytest.mark.parametrize("args, field", [
     (["--batch-size", "512", "--buffer-size", "256"], "--batch-size 512"),
-    (["--buffer-size", "64"], "--buffer-size 64"),                      # smaller than one round (128)
+    (["--buffer-size", "200", "--batch-size", "100"], "--buffer-size 200"),  # smaller than one round (256)
     (["--is-cap", "0.5"], "--is-cap 0.5"),
     (["--lr", "0"], "--lr 0.0"),
     (["--num-generations", "-1"], "--num-generations -1"),

@@ -1,0 +1,167 @@
+"""Checkpoints, exact resume, interruption, and clear failures."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "32", "--batch-size", "16",
+         "--updates-per-round", "2", "--eval-prompts", "50", "--eval-every", "1000", "--seed", "3"]
+
+
+def step_rows(run_dir):
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in rows if "eval_accuracy" not in r]
+
+
+def test_resume_continues_exactly(tmp_path, tiny_path):
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    train.main(SMALL + ["--output-dir", full, "--max-rounds", "4"])
+    train.main(SMALL + ["--output-dir", part, "--max-rounds", "2"])
+    assert os.path.isdir(os.path.join(part, "checkpoint-2"))
+    train.main(["--resume", part, "--max-rounds", "4"])                  # a larger --max-rounds overrides
+    a, b = step_rows(full), step_rows(part)
+    assert [r["step"] for r in b] == list(range(1, 9))                    # appended, nothing repeated
+    later = [r for r in a if r["round"] > 2]
+    assert len(later) == 4
+    assert later == [r for r in b if r["round"] > 2]                      # rounds 3-4: the same metrics
+
+
+def test_resume_refuses_changed_fields_and_missing_checkpoints(tmp_path, tiny_path, capsys):
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--resume", run, "--lora-r", "8", "--buffer-size", "64"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--lora-r" in err and "--buffer-size" in err and len(err.strip().splitlines()) == 1
+    cfg = train.parse_config(["--resume", run, "--lr", "5e-4"])           # fields that may change do
+    assert cfg.lr == 5e-4 and cfg.lora_r == 16 and cfg.resume.endswith("checkpoint-1")
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--resume", str(tmp_path / "nowhere")])
+    assert e.value.code == 2
+
+
+def test_keep_checkpoints_prunes_old_ones(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "4", "--save-every", "1", "--keep-checkpoints", "2"])
+    assert sorted(d for d in os.listdir(run) if d.startswith("checkpoint")) == ["checkpoint-3", "checkpoint-4"]
+
+
+def run_script(code, env_extra=None, **kw):
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = run_script(f"import train; train.main({SMALL + ['--output-dir', run, '--max-rounds', '100000']!r})")
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 6):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "checkpoint saved" in err and "Traceback" not in err
+    checkpoint = train.find_checkpoint(run)
+    saved = json.load(open(os.path.join(checkpoint, "state.json")))["state"]
+    rows = step_rows(run)
+    assert rows[-1]["step"] == saved["step"]                              # the last logged step is in it
+    result = train.main(["--resume", run, "--max-rounds", str(saved["round"] + 1)])
+    steps = [r["step"] for r in step_rows(run)]
+    assert steps == list(range(1, len(steps) + 1)) and result["step"] > saved["step"]
+
+
+def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    # Die (SIGKILL, no cleanup) in the middle of writing the second checkpoint: after its adapter
+    # is written and before its optimizer state is.
+    proc = run_script(f"""
+        import os, signal, torch, train
+        real_save, calls = torch.save, []
+        def dying_save(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_save(*a, **k)
+        torch.save = dying_save
+        train.main({SMALL + ['--output-dir', run, '--max-rounds', '5', '--save-every', '1']!r})
+    """)
+    proc.communicate(timeout=180)
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.isdir(os.path.join(run, ".tmp-checkpoint-2"))          # the half-written one
+    assert train.find_checkpoint(run).endswith("checkpoint-1")
+    result = train.main(["--resume", run, "--max-rounds", "2"])
+    assert result["round"] == 2
+
+
+def test_reward_error_names_prompt_and_completion_or_scores_zero(tmp_path, tiny_path, monkeypatch, capsys):
+    import tasks
+    real = tasks.load_task
+
+    def flaky_task(name):
+        task = real(name)
+        good = task.reward
+        task.reward = lambda p, c: good(p, c) if len(c) != 2 else 1 / 0      # fails on 2-character answers
+        return task
+
+    monkeypatch.setattr(tasks, "load_task", flaky_task)
+    with pytest.raises(SystemExit) as e:
+        train.main(SMALL + ["--output-dir", str(tmp_path / "a"), "--max-rounds", "2"])
+    msg = str(e.value.code)
+    assert "ZeroDivisionError" in msg and "prompt '" in msg and "completion '" in msg
+    result = train.main(SMALL + ["--output-dir", str(tmp_path / "b"), "--max-rounds", "2",
+                                 "--on-reward-error", "zero", "--eval-prompts", "5"])
+    assert result["reward_errors"] > 0
+    last = json.loads(open(tmp_path / "b" / "metrics.jsonl").readlines()[-1])
+    assert last["reward_errors"] == result["reward_errors"]
+
+
+def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, monkeypatch):
+    import replay_rl
+    real = replay_rl.policy_loss
+    monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
+    with pytest.raises(SystemExit) as e:
+        train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "50", "--max-skipped-steps", "3"])
+    assert "3 steps in a row" in str(e.value.code)
+    rows = step_rows(tmp_path)
+    assert [r["skipped"] for r in rows] == [1, 1, 1] and rows[-1]["skipped_steps"] == 3
+
+
+def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypatch):
+    import replay_rl
+    from rollout import generate_rollouts
+    import tasks
+    model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+    task = tasks.addition_task(2)
+    rollouts, _ = generate_rollouts(model, tok, ["1+2=", "3+4="], task.reward, num_generations=4, max_new_tokens=4)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    real = replay_rl.policy_loss
+    monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
+    assert m["skipped"] == 1 and not optimizer.state
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
+    import replay_rl
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(replay_rl, "update_step", oom)
+    with pytest.raises(SystemExit) as e:
+        train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
+    msg = str(e.value.code)
+    assert "out of GPU memory" in msg and "--load-in-4bit" in msg and "--micro-batch-size" in msg
