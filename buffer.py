@@ -122,23 +122,28 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> d
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     """
     B = len(rollouts)
-    P = max(len(r.prompt_ids) for r in rollouts)
-    C = max(len(r.completion_ids) for r in rollouts)
+    prompt_lens = torch.tensor([len(r.prompt_ids) for r in rollouts])
+    completion_lens = torch.tensor([len(r.completion_ids) for r in rollouts])
+    P, C = int(prompt_lens.max()), int(completion_lens.max())
+    # Masks of the cells that hold prompt and completion tokens. Boolean-mask assignment fills
+    # cells in row-major order, so writing the concatenated tokens through a mask places every
+    # rollout's tokens in its row: a per-rollout copy in a few vectorized ops.
+    column = torch.arange(P + C)
+    is_prompt = (column >= P - prompt_lens[:, None]) & (column < P)
+    is_completion = (column >= P) & (column < P + completion_lens[:, None])
     input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, P + C), dtype=torch.long)
+    input_ids[is_prompt] = torch.cat([r.prompt_ids for r in rollouts])
+    input_ids[is_completion] = torch.cat([r.completion_ids for r in rollouts])
+    attention_mask = (is_prompt | is_completion).long()
+    completion_mask = is_completion[:, P:]
     behaviour_logp = torch.zeros((B, C))
-    for i, r in enumerate(rollouts):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        input_ids[i, P - p:P] = r.prompt_ids
-        input_ids[i, P:P + c] = r.completion_ids
-        attention_mask[i, P - p:P + c] = 1
-        behaviour_logp[i, :c] = r.behaviour_logp
+    behaviour_logp[completion_mask] = torch.cat([r.behaviour_logp for r in rollouts])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "position_ids": position_ids,
-        "completion_mask": attention_mask[:, P:].float(),
+        "completion_mask": completion_mask.float(),
         "behaviour_logp": behaviour_logp,
         "advantage": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
         "age": torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32),

@@ -25,15 +25,30 @@ NORMALIZATIONS = ("token_mean", "sequence_mean")
 
 def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
                 lora_dropout: float = 0.0, target_modules="all-linear", load_in_4bit: bool = False,
-                device: str = "cpu", dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
+                device: str = "cpu", dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
+                trust_remote_code: bool = False):
     """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
 
     Returns (peft_model, tokenizer). Only the LoRA weights are trainable. The tokenizer pads on
-    the left (prompts for generate) and falls back to EOS as the pad token.
+    the left (prompts for generate) and falls back to EOS as the pad token. load_in_4bit: nf4
+    weights with double quantization, computing in ``dtype``. gradient_checkpointing: recompute
+    activations in backward (less memory, ~30% more training time).
     """
     from peft import LoraConfig, get_peft_model
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    # AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer), which rebuilds the
+    # pre-tokenizer: for a folder whose tokenizer.json is not Qwen's own (e.g. a character vocabulary)
+    # that silently drops spaces. Then the tokenizer.json exactly as saved is the right one.
+    probe = "12 + 3 = 15"
+    if tokenizer.decode(tokenizer.encode(probe, add_special_tokens=False)) != probe:
+        from transformers import PreTrainedTokenizerFast
+        try:
+            saved = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        except (OSError, ValueError):        # no tokenizer.json (e.g. sentencepiece only): keep AutoTokenizer's
+            saved = None
+        if saved is not None and saved.decode(saved.encode(probe, add_special_tokens=False)) == probe:
+            tokenizer = saved
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -47,7 +62,8 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     if load_in_4bit:
         from peft import prepare_model_for_kbit_training
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
         # bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate), after
         # which backward silently gives no LoRA gradients; this flag keeps the plain layout.
         for module in model.modules():
@@ -55,6 +71,10 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
                 module.support_avx512bf16_for_cpu = False
     else:
         model.to(device)
+        if gradient_checkpointing:
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()      # so checkpointed blocks see a tensor that needs grad
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha or 2 * lora_r, lora_dropout=lora_dropout,
                       target_modules=target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, lora), tokenizer
@@ -69,9 +89,11 @@ def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 
     Returns logp [B, C] (with gradient) and entropy [B, C] (no gradient).
     """
     C = batch["completion_mask"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], logits_to_keep=C + 1)
-    logits = out.logits[:, :-1].float() / temperature                # [B, C, V]
+    # The last column is not fed: its logits would predict a token after the sequence, and under
+    # the causal mask no other column depends on it.
+    out = model(input_ids=batch["input_ids"][:, :-1], attention_mask=batch["attention_mask"][:, :-1],
+                position_ids=batch["position_ids"][:, :-1], logits_to_keep=C)
+    logits = out.logits.float() / temperature                        # [B, C, V]
     tokens = batch["input_ids"][:, -C:]
     log_z = torch.logsumexp(logits, dim=-1)                          # [B, C]
     logp = logits.gather(-1, tokens[..., None]).squeeze(-1) - log_z
@@ -82,10 +104,14 @@ def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor,
                 mask: torch.Tensor, *, loss_type: str = "tis", is_cap: float = 2.0,
-                epsilon: float = 0.2, normalization: str = "token_mean"):
+                epsilon: float = 0.2, normalization: str = "token_mean",
+                ref_logp: torch.Tensor | None = None, beta: float = 0.0):
     """The off-policy policy-gradient loss (see the module docstring for the formulas).
 
     logp, behaviour_logp, mask: [B, T];  advantage: [B].   Returns (loss, metrics).
+    With beta > 0 and ref_logp [B, T] (the reference model's log-probs), adds beta * KL, with the
+    per-token estimate  kl_t = exp(d_t) - d_t - 1,  d_t = log pi_ref(y_t) - log pi_theta(y_t)  (>= 0),
+    normalized like the policy term.
     metrics: is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
     tokens whose weight was cut to the cap (tis) or whose clipped term was active (ppo);
     approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta).
@@ -105,12 +131,20 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
 
-    if normalization == "token_mean":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
-    elif normalization == "sequence_mean":
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-    else:
+    if normalization not in NORMALIZATIONS:
         raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        if normalization == "token_mean":
+            return (x * mask).sum() / mask.sum().clamp(min=1)
+        return ((x * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+    loss = reduce(per_token)
+    kl = None
+    if beta > 0:
+        d = ref_logp - logp
+        kl = reduce(torch.exp(d) - d - 1)
+        loss = loss + beta * kl
 
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
@@ -121,12 +155,14 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
             "is_truncated_frac": ((cut.float() * mask).sum() / n).item(),
             "approx_kl": (((r - 1 - log_ratio.detach()) * mask).sum() / n).item(),
         }
+        if kl is not None:
+            metrics["ref_kl"] = kl.item()
     return loss, metrics
 
 
 def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
                 loss_type: str = "tis", is_cap: float = 2.0, epsilon: float = 0.2,
-                normalization: str = "token_mean", temperature: float = 1.0,
+                normalization: str = "token_mean", temperature: float = 1.0, beta: float = 0.0,
                 micro_batch_size: int = 0, max_grad_norm: float = 1.0) -> dict:
     """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
 
@@ -145,18 +181,24 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     for chunk in chunks:
         batch = {k: v.to(device) for k, v in collate(chunk, pad_id, policy_version).items()}
         logp, entropy = completion_logp(model, batch, temperature)
+        ref_logp = None
+        if beta > 0:        # the reference model is the base model: the same weights, adapter off
+            with torch.no_grad(), model.disable_adapter():
+                ref_logp, _ = completion_logp(model, batch, temperature)
         loss, m = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"],
-                              loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization)
+                              loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
+                              ref_logp=ref_logp, beta=beta)
         n_tokens = batch["completion_mask"].sum().item()
         share = n_tokens / total_tokens if normalization == "token_mean" else len(chunk) / len(rollouts)
         (loss * share).backward()
         token_share = n_tokens / total_tokens
         sums["loss"] += loss.item() * share
-        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl"):
-            sums[k] += m[k] * token_share
+        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl", "ref_kl"):
+            if k in m:
+                sums[k] = sums.get(k, 0.0) + m[k] * token_share
         sums["entropy"] += (entropy * batch["completion_mask"]).sum().item() / total_tokens
         ratio_max = max(ratio_max, m["is_ratio_max"])
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
     skipped = not (math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item())

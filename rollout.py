@@ -70,10 +70,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     """
     device = next(model.parameters()).device
     G = num_generations
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
-                    add_special_tokens=False).to(device)
-    input_ids = enc.input_ids.repeat_interleave(G, dim=0)            # [N*G, P]
-    attention_mask = enc.attention_mask.repeat_interleave(G, dim=0)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [N*G, P]
+    attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     # A config of our own, so a model's shipped defaults (top_k, repetition_penalty, ...) cannot
     # silently change the sampling distribution that behaviour_logp describes.
@@ -86,31 +85,31 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                                logits_processor=LogitsProcessorList([recorder]))
     completions = sequences[:, input_ids.shape[1]:]                  # [N*G, T]
     token_logp, token_entropy = recorder.finish(completions[:, -1])
+    # Everything below is per-rollout bookkeeping on small [N*G, T] tensors: one copy to the CPU
+    # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
+    completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
 
     # Length = up to and including the first EOS, else all T tokens (truncated at max_new_tokens).
     is_eos = completions == eos_id
     T = completions.shape[1]
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
     lengths = torch.clamp(first_eos + 1, max=T)
-    mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    n = lengths.tolist()
 
-    texts = [tokenizer.decode(completions[i, :lengths[i]], skip_special_tokens=True)
-             for i in range(len(completions))]
+    # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
+    texts = [tokenizer.decode(row[:k], skip_special_tokens=True) for row, k in zip(completions.tolist(), n)]
     rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
 
-    prompt_lens = enc.attention_mask.sum(1).tolist()
-    rollouts = []
-    for i in range(len(texts)):
-        n = int(lengths[i])
-        p = prompt_lens[i // G]
-        rollouts.append(Rollout(
-            prompt_ids=enc.input_ids[i // G, -p:].cpu(),
-            completion_ids=completions[i, :n].cpu(),
-            behaviour_logp=token_logp[i, :n].float().cpu(),
-            reward=rewards[i].item(),
-            advantage=advantages[i].item(),
-            policy_version=policy_version))
+    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
+    completion_ids = completions[mask].split(n)
+    behaviour_logp = token_logp[mask].split(n)
+    prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+    rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
+                        behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
+                        policy_version=policy_version)
+                for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
     groups = rewards.view(-1, G)
     stats = {
         "reward": rewards.mean().item(),
@@ -124,20 +123,28 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
-@torch.inference_mode()
 def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
                     batch_size: int = 256) -> float:
     """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
+    return greedy_rewards(model, tokenizer, prompts, {"r": reward_fn}, max_new_tokens=max_new_tokens,
+                          batch_size=batch_size)["r"]
+
+
+@torch.inference_mode()
+def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
+                   batch_size: int = 256) -> dict[str, float]:
+    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``."""
     device = next(model.parameters()).device
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_id,
                                   pad_token_id=pad_id if pad_id is not None else eos_id)
-    total = 0.0
+    totals = dict.fromkeys(reward_fns, 0.0)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
                         add_special_tokens=False).to(device)
         out = model.generate(**enc, generation_config=gen_config)
         texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-        total += sum(float(reward_fn(p, t)) for p, t in zip(chunk, texts))
-    return total / len(prompts)
+        for name, fn in reward_fns.items():
+            totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
+    return {name: total / len(prompts) for name, total in totals.items()}

@@ -4,6 +4,9 @@ A task is plain data plus one function:
     Task.train_prompts, Task.eval_prompts      disjoint lists of prompt strings
     Task.answers[prompt]                        the reference answer
     Task.reward(prompt, completion) -> float    the verifiable reward, 1.0 for a correct answer
+    Task.eval_rewards                           named rewards to report at eval (GSM8K: strict, lenient)
+Tasks: ``addition`` (embedded), ``gsm8k`` (Hugging Face ``openai/gsm8k``) or a local ``.jsonl`` file in
+GSM8K's format; ``load_reward("module:function")`` loads a custom reward for any of them.
 The embedded demo (``--model tiny``) is a character tokenizer and a ~0.5M-parameter Llama built
 in code, given a short supervised warm start on the task so that RL starts at a moderate
 accuracy. It is cached on disk with ``save_pretrained`` and then loads like any HF model.
@@ -11,13 +14,18 @@ The algorithm modules know nothing of this file: train.py passes the folder as t
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
+import importlib.util
+import inspect
 import json
 import math
 import os
 import random
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +46,12 @@ class Task:
     max_new_tokens: int
     # The completion a supervised warm start trains on (embedded tasks only).
     target: Callable[[str], str] | None = field(default=None, repr=False)
+    # Rewards to report on the eval prompts, by name; empty = report ``reward`` alone.
+    eval_rewards: dict[str, Callable[[str, str], float]] = field(default_factory=dict, repr=False)
+
+
+class TaskError(ValueError):
+    """A task or reward that cannot be loaded. The message is one line that says what to do."""
 
 
 # ---- the addition task --------------------------------------------------------------------
@@ -64,10 +78,230 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
                 answers=answers, reward=reward, max_new_tokens=digits + 3, target=lambda p: answers[p])
 
 
-def load_task(name: str) -> Task:
+def load_task(name: str, reward_mode: str = "strict") -> Task:
+    """'addition', 'gsm8k' (Hugging Face openai/gsm8k: train split to train, test split to eval)
+    or a path to a .jsonl file in GSM8K's format (see ``jsonl_task``). ``reward_mode`` ('strict'
+    or 'lenient', see ``extract_answer``) picks the training reward of the GSM8K-format tasks."""
+    if reward_mode not in REWARD_MODES:
+        raise TaskError(f"unknown reward mode {reward_mode!r}: expected one of {', '.join(REWARD_MODES)}")
     if name == "addition":
         return addition_task(2)
-    raise ValueError(f"unknown task {name!r}: expected 'addition'")
+    if name == "gsm8k":
+        return gsm8k_task(reward_mode)
+    if name.endswith(".jsonl"):
+        return jsonl_task(name, reward_mode)
+    raise TaskError(f"unknown task {name!r}: expected 'addition', 'gsm8k' or a path to a .jsonl file")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as 'Type: first line of its message', for one-line errors."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+# ---- GSM8K and files in its format --------------------------------------------------------
+GSM8K_INSTRUCTION = "Solve the problem step by step, then give the final answer on its own line as '#### <number>'."
+GSM8K_MAX_NEW_TOKENS = 256
+REWARD_MODES = ("strict", "lenient")
+
+# A number as GSM8K writes it: optional sign and '$', digits with optional thousands commas
+# ('1,234'), optional decimals. ASCII digits only: '\d' also matches e.g. Arabic-Indic '٤٢' (and
+# int() reads it as 42), but the references never use them, so such an answer does not count.
+# The lookbehind keeps us from starting inside another number: '5-3' is 5 and 3, not 5 and -3;
+# '.5' and the '3' of '1.2.3' are not numbers.
+_NUMBER = r"(?<![0-9.])([-+]?)\$?([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.([0-9]+))?(?![0-9])"
+_NUMBER_RE = re.compile(_NUMBER)
+_STRICT_RE = re.compile(r"####\s*" + _NUMBER)          # the number right after '####'
+_REFERENCE_RE = re.compile(r"\s*" + _NUMBER + r"\s*")
+
+
+def _canonical(sign: str, whole: str, frac: str | None) -> str:
+    """'-', '01,234', '50' -> '-1234.5'. Compared as strings, never converted: int() refuses
+    more than 4300 digits and float() rounds, a string compare does neither."""
+    whole = whole.replace(",", "").lstrip("0") or "0"
+    frac = (frac or "").rstrip("0")                          # 42.00 -> 42
+    number = whole + ("." + frac if frac else "")
+    return "-" + number if sign == "-" and number != "0" else number
+
+
+def extract_answer(completion: str, mode: str = "strict") -> str | None:
+    """The final answer of a completion as a canonical number string, or None.
+
+    strict:  the first '#### <number>' (spaces allowed between); text like '#### the answer is 5'
+             gives None. The first, so that text generated after the answer cannot change it.
+    lenient: the last number anywhere in the completion.
+    Normalized: commas, '$', a leading '+', trailing zeros of decimals ('$1,000.00' -> '1000').
+    """
+    if mode == "strict":
+        m = _STRICT_RE.search(completion)
+    elif mode == "lenient":
+        m = None
+        for m in _NUMBER_RE.finditer(completion):
+            pass
+    else:
+        raise ValueError(f"unknown reward mode {mode!r}: expected one of {REWARD_MODES}")
+    return _canonical(*m.groups()) if m else None
+
+
+def parse_reference(answer: str) -> str | None:
+    """The canonical number after the last '####' of a GSM8K answer ('...\\n#### 1,200' -> '1200')."""
+    _, sep, tail = answer.rpartition("####")
+    m = _REFERENCE_RE.fullmatch(tail) if sep else None
+    return _canonical(*m.groups()) if m else None
+
+
+def gsm8k_prompt(question: str) -> str:
+    return f"{question.strip()}\n{GSM8K_INSTRUCTION}\n"
+
+
+def qa_task(name: str, train_rows, eval_rows, reward_mode: str = "strict") -> Task:
+    """A Task from (question, answer) pairs in GSM8K format. A question seen twice keeps its first
+    answer; one that is also in the eval rows is left out of training, so the sets stay disjoint."""
+    answers: dict[str, str] = {}
+
+    def add(rows) -> list[str]:
+        prompts = []
+        for question, answer in rows:
+            prompt = gsm8k_prompt(question)
+            if prompt not in answers:
+                reference = parse_reference(answer)
+                if reference is None:
+                    raise TaskError(f"{name}: an answer does not end with '#### <number>': {answer[-80:]!r}")
+                answers[prompt] = reference
+                prompts.append(prompt)
+        return prompts
+
+    eval_prompts = add(eval_rows)
+    train_prompts = add(train_rows)
+    if not train_prompts or not eval_prompts:
+        raise TaskError(f"{name}: needs at least one training and one eval question, "
+                        f"got {len(train_prompts)} and {len(eval_prompts)}")
+
+    def make_reward(mode: str) -> Callable[[str, str], float]:
+        def reward(prompt: str, completion: str) -> float:
+            return float(extract_answer(completion, mode) == answers[prompt])
+        return reward
+
+    return Task(name=name, train_prompts=train_prompts, eval_prompts=eval_prompts, answers=answers,
+                reward=make_reward(reward_mode), max_new_tokens=GSM8K_MAX_NEW_TOKENS,
+                eval_rewards={mode: make_reward(mode) for mode in REWARD_MODES})
+
+
+def gsm8k_task(reward_mode: str = "strict") -> Task:
+    """GSM8K from the Hugging Face hub (or its local cache): 7473 training and 1319 test questions.
+    Offline, set HF_DATASETS_OFFLINE=1: the error then comes at once (without it, datasets first
+    retries the network for ~25 s)."""
+    try:
+        import datasets
+        data = datasets.load_dataset("openai/gsm8k", "main")
+    except Exception as e:      # offline (ConnectionError), a broken cache, ...: all mean the same to the user
+        raise TaskError(f"GSM8K could not be loaded ({_one_line(e)}): download it once with network, or pass "
+                        "--task path/to/gsm8k.jsonl with 'question' and 'answer' ('... #### 42') fields") from None
+    rows = {split: list(zip(data[split]["question"], data[split]["answer"])) for split in ("train", "test")}
+    return qa_task("gsm8k", rows["train"], rows["test"], reward_mode)
+
+
+def jsonl_task(path: str, reward_mode: str = "strict", max_eval: int = 500) -> Task:
+    """A local file, one JSON object per line with 'question' and 'answer' in GSM8K's format
+    (the answer ends with '#### <number>'; other fields are ignored). The last 10% of the lines
+    (at least 1, at most ``max_eval``) are the eval set, the rest the training set: deterministic,
+    so to choose the eval questions, put them at the end of the file."""
+    usage = "one {\"question\": ..., \"answer\": \"... #### 42\"} per line"
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    raise TaskError(f"{path} line {i}: not valid JSON; expected {usage}") from None
+                if not (isinstance(row, dict) and isinstance(row.get("question"), str)
+                        and isinstance(row.get("answer"), str)):
+                    raise TaskError(f"{path} line {i}: needs string fields 'question' and 'answer'; expected {usage}")
+                if parse_reference(row["answer"]) is None:
+                    raise TaskError(f"{path} line {i}: the answer must end with '#### <number>'; expected {usage}")
+                rows.append((row["question"], row["answer"]))
+    except FileNotFoundError:
+        raise TaskError(f"task file {path} not found; pass a .jsonl file with {usage}") from None
+    except OSError as e:
+        raise TaskError(f"task file {path} cannot be read ({_one_line(e)}); pass a .jsonl file with {usage}") from None
+    except UnicodeDecodeError:
+        raise TaskError(f"task file {path} is not UTF-8 text; pass a .jsonl file with {usage}") from None
+    if len(rows) < 2:
+        raise TaskError(f"task file {path} has {len(rows)} question(s); it needs at least 2 (train and eval)")
+    n_eval = min(max_eval, max(1, len(rows) // 10))
+    return qa_task(os.path.basename(path), rows[:-n_eval], rows[-n_eval:], reward_mode)
+
+
+def format_prompts(task: Task, fmt: Callable[[str], str]) -> Task:
+    """The task with every prompt passed through ``fmt`` (e.g. a tokenizer's chat template). The
+    rewards (and ``target``) still receive the original prompt, so they keep working unchanged."""
+    formatted = {p: fmt(p) for p in task.train_prompts + task.eval_prompts}
+    original = {f: p for p, f in formatted.items()}
+    if len(original) != len(formatted):
+        raise TaskError("the prompt format gives two prompts the same text")
+
+    def on_original(fn):
+        return lambda prompt, completion: fn(original[prompt], completion)
+
+    return dataclasses.replace(
+        task, train_prompts=[formatted[p] for p in task.train_prompts],
+        eval_prompts=[formatted[p] for p in task.eval_prompts],
+        answers={formatted[p]: a for p, a in task.answers.items() if p in formatted},
+        reward=on_original(task.reward), eval_rewards={k: on_original(f) for k, f in task.eval_rewards.items()},
+        target=None if task.target is None else (lambda prompt: task.target(original[prompt])))
+
+
+# ---- a custom reward ----------------------------------------------------------------------
+def load_reward(spec: str) -> Callable[[str, str], float]:
+    """The reward function named by ``spec``, for ``--reward``:
+
+        module:function           a module importable from the current directory or sys.path
+        path/to/file.py:function  a Python file
+
+    The function is called as ``reward(prompt: str, completion: str) -> float`` on the decoded
+    completion (special tokens removed). The returned wrapper checks that the value is a finite
+    number: one NaN reward would turn every advantage of its group, and then the loss, into NaN.
+    """
+    source, _, attr = spec.rpartition(":")          # rpartition: a Windows path 'C:\...' keeps its colon
+    if not source or not attr:
+        raise TaskError(f"--reward {spec!r}: expected module:function or path/to/file.py:function")
+    try:
+        if source.endswith(".py"):
+            if not os.path.isfile(source):
+                raise FileNotFoundError(f"no file {source}")
+            name = "reward_" + os.path.splitext(os.path.basename(source))[0]
+            module_spec = importlib.util.spec_from_file_location(name, source)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module              # as a normal import would (dataclasses, pickling need it)
+            module_spec.loader.exec_module(module)
+        else:
+            # `python train.py` puts train.py's folder on sys.path, not the current directory.
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(source)
+    except Exception as e:
+        raise TaskError(f"--reward {spec!r}: cannot import {source} ({_one_line(e)})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        what = "is not callable" if hasattr(module, attr) else "is not defined"
+        raise TaskError(f"--reward {spec!r}: {attr} {what} in {source}; expected def {attr}(prompt, completion) -> float")
+    try:
+        inspect.signature(fn).bind("prompt", "completion")
+    except TypeError:
+        raise TaskError(f"--reward {spec!r}: {attr} must take two arguments (prompt, completion)") from None
+    except ValueError:
+        pass                                        # no inspectable signature (some builtins): trust it
+
+    def reward(prompt: str, completion: str) -> float:
+        value = float(fn(prompt, completion))
+        if not math.isfinite(value):
+            raise ValueError(f"--reward {spec}: returned {value} for completion {completion[:80]!r}")
+        return value
+
+    return reward
 
 
 # ---- the embedded tiny model --------------------------------------------------------------

@@ -35,7 +35,12 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny' builds the embedded demo model for the task")
-    task: str = opt("addition", "task: 'addition' (embedded, 2-digit sums)")
+    task: str = opt("addition", "task: 'addition' (embedded, 2-digit sums), 'gsm8k' (Hugging Face openai/gsm8k) "
+                                "or a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
+    reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient takes the last number",
+                           choices=("strict", "lenient"))
+    reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, completion) -> float")
+    chat_template: bool = opt(False, "wrap each prompt in the tokenizer's chat template (instruct models)")
     output_dir: str = opt("", "run folder for metrics.jsonl, config.json and adapter/ (default runs/<time>)")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
@@ -59,13 +64,18 @@ class Config:
     lora_r: int = opt(16, "LoRA rank (all linear layers)")
     lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = whole batch")
+    beta: float = opt(0.0, "weight of a KL penalty to the base model (adapter off: no second copy); 0 = none")
     # length of the run and evaluation
     max_rounds: int = opt(600, "stop after this many rounds")
     max_gen_tokens: int = opt(0, "stop once this many completion tokens were generated; 0 = no limit")
     eval_every: int = opt(50, "greedy eval on held-out prompts every this many rounds")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
-    load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4)")
+    progress: bool = opt(True, "show the progress bar and the start-up summary")
+    dtype: str = opt("auto", "weights and compute: auto = bfloat16 on a GPU that supports it, else float32",
+                     choices=("auto", "float32", "bfloat16", "float16"))
+    load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4, double quantization)")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, slower")
     trust_remote_code: bool = opt(False, "run model code shipped with the model (off unless you trust it)")
     # checkpoints and failures
     save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
@@ -81,8 +91,8 @@ class Config:
 
 
 # Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
-RESUME_FIXED = ("model", "task", "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size",
-                "prompts_per_round", "num_generations", "temperature")
+RESUME_FIXED = ("model", "task", "reward_mode", "reward", "chat_template", "seed", "lora_r", "lora_alpha",
+                "load_in_4bit", "buffer_size", "prompts_per_round", "num_generations", "temperature")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -145,6 +155,8 @@ def config_problem(cfg: Config) -> str | None:
     if cfg.buffer_size < cfg.rollouts_per_round:
         return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
                 f"(prompts_per_round x num_generations = {cfg.rollouts_per_round})")
+    if cfg.beta < 0:
+        return f"--beta {cfg.beta}: must be >= 0"
     if cfg.is_cap < 1:
         return f"--is-cap {cfg.is_cap}: must be >= 1 (a cap below 1 down-weights even on-policy tokens)"
     if not 0 < cfg.top_p <= 1:
@@ -152,6 +164,12 @@ def config_problem(cfg: Config) -> str | None:
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
     return None
+
+
+def pick_dtype(name: str, device: str) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
 
 
 def pick_device(name: str) -> str:
@@ -267,9 +285,14 @@ def main(argv=None) -> dict:
     quiet_libraries()
     import tasks
     try:
-        task = tasks.load_task(cfg.task)
+        task = tasks.load_task(cfg.task, reward_mode=cfg.reward_mode)
+        if cfg.reward:
+            task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+    if cfg.model == "tiny" and task.target is None:
+        sys.exit(f"error: --model tiny is the embedded demo for --task addition; for {cfg.task} pass a real "
+                 "model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct --chat-template")
     stop = StopRequest()
     try:
         return train(cfg, task, stop)
@@ -285,7 +308,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     import tasks
     from buffer import ReplayBuffer
     from replay_rl import load_policy, update_step
-    from rollout import generate_rollouts, greedy_accuracy
+    from rollout import generate_rollouts, greedy_rewards
     from tqdm import tqdm
 
     out = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
@@ -296,10 +319,19 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)                 # the prompt stream
     device = pick_device(cfg.device)
+    say = print if cfg.progress else (lambda *args, **kwargs: None)
     model_path = tasks.tiny_model(task) if cfg.model == "tiny" else cfg.model
+    dtype = pick_dtype(cfg.dtype, device)
     model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                   load_in_4bit=cfg.load_in_4bit, device=device,
+                                   load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
+                                   gradient_checkpointing=cfg.gradient_checkpointing,
                                    trust_remote_code=cfg.trust_remote_code)
+    if cfg.chat_template:
+        if not tokenizer.chat_template:
+            sys.exit(f"error: --chat-template: the tokenizer of {model_path} has none (a base model?); drop the flag")
+        task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+    on_gpu = device.startswith("cuda")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(cfg.buffer_size, max_age=cfg.max_age or None, seed=cfg.seed)
@@ -308,13 +340,14 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
 
     R, N, B, K = cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size, cfg.updates_per_round
     n_total = sum(p.numel() for p in model.parameters())
-    print(f"model {model_path} on {device}: {n_total / 1e6:.2f}M parameters, "
-          f"{sum(p.numel() for p in params) / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
-    print(f"task {task.name}: {len(task.train_prompts)} training prompts, {len(eval_prompts)} held-out eval prompts")
-    print(f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x {cfg.num_generations}); "
-          f"K={K} updates of B={B} from a buffer of N={N}")
-    print(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
-          f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}")
+    say(f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
+        f"{', 4-bit' if cfg.load_in_4bit else ''}): {n_total / 1e6:.2f}M parameters, "
+        f"{sum(p.numel() for p in params) / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
+    say(f"task {task.name}: {len(task.train_prompts)} training prompts, {len(eval_prompts)} held-out eval prompts")
+    say(f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x {cfg.num_generations}); "
+        f"K={K} updates of B={B} from a buffer of N={N}")
+    say(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
+        f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}")
 
     # Everything the loop needs to continue exactly is in `state` (plus weights, optimizer, buffer, RNGs).
     state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
@@ -326,7 +359,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         state = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
         with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
             f.truncate(state["metrics_bytes"])
-        print(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
+        say(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
     metrics_file = open(metrics_path, "a" if cfg.resume else "w")
     counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors")
 
@@ -350,9 +383,13 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
 
     def evaluate() -> float:
         model.eval()
-        acc = greedy_accuracy(model, tokenizer, eval_prompts, reward, max_new_tokens=max_new_tokens)
+        # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
+        scores = greedy_rewards(model, tokenizer, eval_prompts,
+                                {"eval_accuracy": reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}},
+                                max_new_tokens=max_new_tokens)
         model.train()
-        log({"eval_accuracy": acc})
+        log(scores)
+        acc = scores["eval_accuracy"]
         state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
         if state["first_accuracy"] is None:
             state["first_accuracy"] = acc
@@ -363,12 +400,15 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
 
     if state["first_accuracy"] is None:
         evaluate()                                  # step 0: before any update
-    bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True)
+    bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True,
+               disable=not cfg.progress)
     while state["round"] < cfg.max_rounds or state["pending_updates"]:
         if not state["pending_updates"]:            # a new round: generate, then K updates
             state["round"] += 1
             prompts = rng.sample(task.train_prompts, cfg.prompts_per_round)
             t0 = time.perf_counter()
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats()
             model.eval()
             rollouts, gen = generate_rollouts(model, tokenizer, prompts, reward,
                                               num_generations=cfg.num_generations, max_new_tokens=max_new_tokens,
@@ -387,7 +427,9 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             m = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id,
                             policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
                             epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
-                            micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
+                            beta=cfg.beta, micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
+            if on_gpu:      # peak GPU memory of this round so far: generation and training
+                state["round_stats"]["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             state["step"] += 1
             state["pending_updates"] -= 1
             state["train_seconds"] += time.perf_counter() - t0
@@ -410,7 +452,8 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         rs = state["round_stats"]
         bar.update(state["round"] - bar.n)
         bar.set_postfix(reward=f"{rs.get('reward', 0):.2f}", acc=f"{state['last_accuracy']:.3f}",
-                        step=state["step"], tokens=state["gen_tokens"])
+                        step=state["step"], tokens=state["gen_tokens"],
+                        **({"mem": f"{rs['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in rs else {}))
         if cfg.save_every and state["round"] % cfg.save_every == 0:
             checkpoint()
         if cfg.max_gen_tokens and state["gen_tokens"] >= cfg.max_gen_tokens:
@@ -424,13 +467,13 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
 
     first, last = state["first_accuracy"], state["last_accuracy"]
     total = state["gen_seconds"] + state["train_seconds"]
-    print(f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state['step']} steps ({last - first:+.3f})")
-    print(f"generated {state['gen_tokens']} completion tokens in {state['round']} rounds; time generation "
-          f"{state['gen_seconds']:.1f} s / training {state['train_seconds']:.1f} s "
-          f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
+    say(f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state['step']} steps ({last - first:+.3f})")
+    say(f"generated {state['gen_tokens']} completion tokens in {state['round']} rounds; time generation "
+        f"{state['gen_seconds']:.1f} s / training {state['train_seconds']:.1f} s "
+        f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
     if state["skipped_steps"] or state["reward_errors"]:
-        print(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
-    print(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
+        say(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
+    say(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
     return {"first_accuracy": first, "final_accuracy": last, "output_dir": out, **state}
 
 

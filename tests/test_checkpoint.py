@@ -109,8 +109,8 @@ def test_reward_error_names_prompt_and_completion_or_scores_zero(tmp_path, tiny_
     import tasks
     real = tasks.load_task
 
-    def flaky_task(name):
-        task = real(name)
+    def flaky_task(name, **kwargs):
+        task = real(name, **kwargs)
         good = task.reward
         task.reward = lambda p, c: good(p, c) if len(c) != 2 else 1 / 0      # fails on 2-character answers
         return task

@@ -83,3 +83,19 @@ def test_unknown_names_are_refused():
         policy_loss(lp, lp, ADV, MASK, loss_type="reinforce")
     with pytest.raises(ValueError, match="normalization"):
         policy_loss(lp, lp, ADV, MASK, normalization="sum")
+
+
+def test_kl_to_reference_by_hand():
+    lp = [[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]]
+    ref = torch.tensor([[-1.0 + math.log(2.0), -1.0, -1.0], [-1.0, -1.0 - math.log(2.0), 0.0]])
+    logp = torch.tensor(lp, requires_grad=True)
+    loss, m = policy_loss(logp, torch.tensor(lp), ADV, MASK, ref_logp=ref, beta=0.5)
+    loss.backward()
+    # kl_t = e^d - d - 1 with d = ref - logp: d = ln 2 -> 1 - ln 2;  d = -ln 2 -> 0.5 + ln 2 - 1
+    kl = ((1 - math.log(2)) + (math.log(2) - 0.5)) / 5
+    assert m["ref_kl"] == pytest.approx(kl, rel=1e-5)
+    # policy term: -(1 * (-3) + (-2) * (-2)) / 5 = -0.2
+    assert loss.item() == pytest.approx(-0.2 + 0.5 * kl, rel=1e-5)
+    # d kl_t / d logp_t = 1 - e^d: -1 for d = ln 2, +0.5 for d = -ln 2; plus the policy term -A/5
+    expected = torch.tensor([[-1.0 + 0.5 * -1.0, -1.0, -1.0], [2.0, 2.0 + 0.5 * 0.5, 0.0]]) / 5
+    assert torch.allclose(logp.grad, expected, atol=1e-6)

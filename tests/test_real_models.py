@@ -1,0 +1,128 @@
+"""Real Hugging Face architectures through ``load_policy``, as a user's ``--model`` folder would be:
+tiny random Llama and Qwen2 checkpoints written here (no download), rollouts and LoRA updates,
+the saved adapter reloaded with PEFT, and 4-bit (bitsandbytes nf4) on CPU."""
+import itertools
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+import tasks
+from buffer import collate
+from replay_rl import completion_logp, load_policy, update_step
+from rollout import generate_rollouts
+
+ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+SIZE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+PROMPTS = ["1+2=", "33+4=", "9+90="]            # different lengths: left padding in play
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """{architecture: folder} with a random tiny model (~80k parameters) and the character tokenizer,
+    saved with save_pretrained exactly as a hub checkpoint is laid out."""
+    folders = {}
+    for arch, (config_class, model_class) in ARCHITECTURES.items():
+        tokenizer = tasks.char_tokenizer()
+        config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **SIZE)
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp(arch)
+        model_class(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[arch] = str(folder)
+    return folders
+
+
+def load(folder: str, arch: str, **kwargs):
+    # exactly the path of a hub id (load_policy handles the Qwen2 char-vocabulary trap itself)
+    return load_policy(folder, lora_r=4, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_load_policy_tokenizer_keeps_spaces(model_dirs, arch):
+    _, tokenizer = load_policy(model_dirs[arch], lora_r=4)
+    text = "12 + 3 = 15"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rollouts_update_lora_and_adapter_reloads(model_dirs, arch, tmp_path):
+    folder = model_dirs[arch]
+    torch.manual_seed(0)
+    model, tokenizer = load(folder, arch)
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    assert lora and all("lora_" in n for n in lora)                  # only LoRA trains
+    optimizer = torch.optim.AdamW(list(model.parameters()), lr=1e-2)
+    counter = itertools.count()
+    reward = lambda prompt, completion: float(next(counter) % 3)    # varied rewards: non-zero advantages
+
+    for step in range(2):        # two steps: lora_B starts at 0, so lora_A moves from the second on
+        model.eval()
+        rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, reward, num_generations=4, max_new_tokens=6,
+                                        policy_version=step)
+        batch = collate(rollouts, tokenizer.pad_token_id, step)
+        with torch.no_grad():
+            logp, _ = completion_logp(model, batch)
+        # the log-probs recorded while sampling are those of a training forward on this architecture
+        assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-4
+        model.train()
+        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=step)
+
+    params = dict(model.named_parameters())
+    assert all(not torch.equal(params[n], before) for n, before in lora.items())
+    assert all(torch.equal(params[n], before) for n, before in frozen.items())
+
+    model.eval()
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder), tmp_path / "adapter").eval()
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        trained, again = model(**enc).logits, reloaded(**enc).logits
+        with reloaded.disable_adapter():
+            base = reloaded(**enc).logits
+    torch.testing.assert_close(again, trained, rtol=0, atol=1e-6)
+    assert (base - trained).abs().max() > 1e-3                     # the adapter is really in the path
+
+
+def test_4bit_lora_gradients_after_generate(model_dirs):
+    """load_in_4bit on CPU: after generate, an update step must give every LoRA weight the same
+    gradient as a copy that never generated. (bitsandbytes repacks 4-bit weights for fast CPU
+    inference in a no-grad forward; backward through a repacked layer then skips the base weight,
+    silently changing every LoRA gradient. load_policy turns the repacking off.)"""
+    bnb = pytest.importorskip("bitsandbytes")
+    folder = model_dirs["llama"]
+
+    def policy():
+        torch.manual_seed(1)
+        model, tokenizer = load_policy(folder, lora_r=4, load_in_4bit=True)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:        # non-zero B, so that lora_A gets a gradient on the first step
+                p.data.normal_(0, 0.05)
+        return model, tokenizer
+
+    def lora_grads(model, rollouts, pad_id):
+        model.train()
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+        update_step(model, optimizer, rollouts, pad_id=pad_id, policy_version=0)
+        return {n: p.grad for n, p in model.named_parameters() if "lora_" in n}
+
+    model, tokenizer = policy()
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) == 14     # 7 projections x 2 layers
+    model.eval()
+    counter = itertools.count()
+    rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, lambda p, c: float(next(counter) % 3),
+                                    num_generations=4, max_new_tokens=6)
+    grads = lora_grads(model, rollouts, tokenizer.pad_token_id)
+    assert len(grads) == 28                                                         # A and B of each
+    for name, g in grads.items():
+        assert g is not None and g.abs().sum() > 0, name
+
+    fresh, _ = policy()
+    reference = lora_grads(fresh, rollouts, tokenizer.pad_token_id)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, reference[name], rtol=1e-4, atol=1e-7, msg=name)
