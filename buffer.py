@@ -9,12 +9,18 @@ uses is the replay ratio. Each rollout keeps the policy version that generated i
 its age (current version - generating version, in optimizer steps) is known when it is
 replayed; ``max_age`` optionally drops rollouts that have grown too stale.
 
+Two retention variants from the paper's discussion:
+  keep_correct_frac = delta > 0   positive-bias retention: when full, keep the freshest
+                                  (1 - delta) * N rollouts plus the freshest delta * N *correct*
+                                  (reward > 0) ones among the older rollouts;
+  skip_zero_advantage             never store rollouts whose advantage is 0 (their group's
+                                  rewards were all equal: they carry no gradient).
+
 Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
 batch only when it is used.
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +38,7 @@ class Rollout:
     reward:          scalar reward of the completion
     advantage:       group-normalized advantage, fixed at generation time (never recomputed)
     policy_version:  optimizer steps taken by the policy that generated it
+    baseline:        mean reward of its group (the value estimate V of AsymRE)
     uses:            how many training batches it has been part of so far
     """
     prompt_ids: torch.Tensor
@@ -40,33 +47,46 @@ class Rollout:
     reward: float
     advantage: float
     policy_version: int
+    baseline: float = 0.0
     uses: int = 0
 
 
 class ReplayBuffer:
-    def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0):
+    def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0,
+                 keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False):
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
+        if not 0 <= keep_correct_frac < 1:
+            raise ValueError(f"keep_correct_frac must be in [0, 1), got {keep_correct_frac}")
         self.capacity = capacity
         self.max_age = max_age
-        self.items: collections.deque[Rollout] = collections.deque(maxlen=capacity)
+        self.keep_correct_frac = keep_correct_frac
+        self.skip_zero_advantage = skip_zero_advantage
+        self.items: list[Rollout] = []              # oldest first
         self.generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def add(self, rollouts: list[Rollout]) -> None:
-        """Append rollouts; once full, each new one evicts the oldest (deque with maxlen)."""
+        """Append rollouts (oldest first); once over capacity, evict (FIFO, or positive-bias)."""
+        if self.skip_zero_advantage:
+            rollouts = [r for r in rollouts if r.advantage != 0]
         self.items.extend(rollouts)
+        if len(self.items) <= self.capacity:
+            return
+        n_correct = int(self.keep_correct_frac * self.capacity)
+        n_fresh = self.capacity - n_correct
+        older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
+        kept_correct = [r for r in older if r.reward > 0][-n_correct:] if n_correct else []
+        self.items = kept_correct + fresh
 
     def drop_stale(self, current_version: int) -> int:
         """Evict rollouts older than max_age optimizer steps. Returns how many were dropped."""
         if self.max_age is None:
             return 0
         before = len(self.items)
-        self.items = collections.deque(
-            (r for r in self.items if current_version - r.policy_version <= self.max_age),
-            maxlen=self.capacity)
+        self.items = [r for r in self.items if current_version - r.policy_version <= self.max_age]
         return before - len(self.items)
 
     def sample(self, batch_size: int) -> list[Rollout]:
@@ -81,7 +101,7 @@ class ReplayBuffer:
 
     # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        items = list(self.items)
+        items = self.items
         cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
         return {
             "prompt_ids": cat([r.prompt_ids for r in items], torch.long),
@@ -92,6 +112,7 @@ class ReplayBuffer:
             "reward": torch.tensor([r.reward for r in items], dtype=torch.float64),
             "advantage": torch.tensor([r.advantage for r in items], dtype=torch.float64),
             "policy_version": torch.tensor([r.policy_version for r in items], dtype=torch.long),
+            "baseline": torch.tensor([r.baseline for r in items], dtype=torch.float64),
             "uses": torch.tensor([r.uses for r in items], dtype=torch.long),
             "generator_state": self.generator.get_state(),
         }
@@ -100,11 +121,10 @@ class ReplayBuffer:
         prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
         completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
         logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
-        self.items = collections.deque(maxlen=self.capacity)
-        for i, (p, c, lp) in enumerate(zip(prompts, completions, logps)):
-            self.items.append(Rollout(p.clone(), c.clone(), lp.clone(), state["reward"][i].item(),
-                                      state["advantage"][i].item(), int(state["policy_version"][i]),
-                                      int(state["uses"][i])))
+        self.items = [Rollout(p.clone(), c.clone(), lp.clone(), reward=state["reward"][i].item(),
+                              advantage=state["advantage"][i].item(), policy_version=int(state["policy_version"][i]),
+                              baseline=state["baseline"][i].item(), uses=int(state["uses"][i]))
+                      for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
         self.generator.set_state(state["generator_state"])
 
 
@@ -117,7 +137,7 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> d
       input_ids, attention_mask, position_ids: [B, P + C]
       completion_mask:  [B, C]  1 on real completion tokens (EOS included), 0 on padding
       behaviour_logp:   [B, C]  (0 on padding)
-      advantage:        [B]
+      advantage, reward, baseline:  [B]
       age:              [B]  current_version - policy_version
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     """
@@ -146,5 +166,7 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> d
         "completion_mask": completion_mask.float(),
         "behaviour_logp": behaviour_logp,
         "advantage": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
+        "reward": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
+        "baseline": torch.tensor([r.baseline for r in rollouts], dtype=torch.float32),
         "age": torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32),
     }

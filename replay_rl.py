@@ -6,6 +6,9 @@
         L     = - sum_t w_t * A * log pi_theta(y_t)       (normalized, see below)
     loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy, no KL term:
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - eps, 1 + eps) * A)
+    loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
+        L     = - sum_t (r - (V - tau)) * log pi_theta(y_t)      V = mean reward of the group
+        (the caller passes A = r - (V - tau); tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
 With rho = 1 (fresh, on-policy data) both reduce to the plain policy gradient -A * grad log pi.
@@ -19,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from buffer import Rollout, collate
 
-LOSS_TYPES = ("tis", "ppo")
+LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
 
 
@@ -123,6 +126,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         weight = ratio.detach().clamp(max=is_cap)
         per_token = -weight * A * logp
         cut = ratio.detach() > is_cap
+    elif loss_type == "asymre":
+        per_token = -A * logp
+        cut = torch.zeros_like(mask, dtype=torch.bool)
     elif loss_type == "ppo":
         unclipped = ratio * A
         clipped = ratio.clamp(1 - epsilon, 1 + epsilon) * A
@@ -163,6 +169,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
 def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
                 loss_type: str = "tis", is_cap: float = 2.0, epsilon: float = 0.2,
                 normalization: str = "token_mean", temperature: float = 1.0, beta: float = 0.0,
+                asymre_tau: float = 0.1,
                 micro_batch_size: int = 0, max_grad_norm: float = 1.0) -> dict:
     """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
 
@@ -185,7 +192,10 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         if beta > 0:        # the reference model is the base model: the same weights, adapter off
             with torch.no_grad(), model.disable_adapter():
                 ref_logp, _ = completion_logp(model, batch, temperature)
-        loss, m = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"],
+        advantage = batch["advantage"]
+        if loss_type == "asymre":
+            advantage = batch["reward"] - (batch["baseline"] - asymre_tau)
+        loss, m = policy_loss(logp, batch["behaviour_logp"], advantage, batch["completion_mask"],
                               loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
                               ref_logp=ref_logp, beta=beta)
         n_tokens = batch["completion_mask"].sum().item()

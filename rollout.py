@@ -106,11 +106,12 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     completion_ids = completions[mask].split(n)
     behaviour_logp = token_logp[mask].split(n)
     prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+    groups = rewards.view(-1, G)
+    baselines = groups.mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
-                        policy_version=policy_version)
+                        policy_version=policy_version, baseline=baselines[i // G])
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
-    groups = rewards.view(-1, G)
     stats = {
         "reward": rewards.mean().item(),
         "zero_adv_frac": (groups.std(1) == 0).float().mean().item() if G > 1 else 1.0,

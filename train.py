@@ -54,8 +54,13 @@ class Config:
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
     updates_per_round: int = opt(1, "K: optimizer steps per round")
     max_age: int = opt(0, "drop rollouts older than this many optimizer steps; 0 = no limit")
+    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the freshest "
+                                        "correct (reward > 0) older rollouts; 0 = plain FIFO")
+    skip_zero_advantage: bool = opt(False, "do not store rollouts with zero advantage (all-equal groups)")
     # loss and optimizer
-    loss: str = opt("tis", "tis: truncated importance-weighted PG; ppo: clipped objective", choices=LOSS_TYPES)
+    loss: str = opt("tis", "tis: truncated importance-weighted PG; ppo: clipped objective; "
+                           "asymre: (r - (V - tau)) * log pi, no ratio", choices=LOSS_TYPES)
+    asymre_tau: float = opt(0.1, "tau of the asymre loss (V - tau is the baseline)")
     is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
     epsilon: float = opt(0.2, "clip range of the ppo loss")
     normalization: str = opt("token_mean", "loss normalization over the batch", choices=NORMALIZATIONS)
@@ -155,6 +160,8 @@ def config_problem(cfg: Config) -> str | None:
     if cfg.buffer_size < cfg.rollouts_per_round:
         return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
                 f"(prompts_per_round x num_generations = {cfg.rollouts_per_round})")
+    if not 0 <= cfg.keep_correct_frac < 1:
+        return f"--keep-correct-frac {cfg.keep_correct_frac}: must be in [0, 1)"
     if cfg.beta < 0:
         return f"--beta {cfg.beta}: must be >= 0"
     if cfg.is_cap < 1:
@@ -334,7 +341,8 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     on_gpu = device.startswith("cuda")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    buffer = ReplayBuffer(cfg.buffer_size, max_age=cfg.max_age or None, seed=cfg.seed)
+    buffer = ReplayBuffer(cfg.buffer_size, max_age=cfg.max_age or None, seed=cfg.seed,
+                          keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage)
     max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
     eval_prompts = task.eval_prompts[:cfg.eval_prompts]
 
@@ -427,7 +435,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             m = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id,
                             policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
                             epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
-                            beta=cfg.beta, micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
+                            beta=cfg.beta, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
             if on_gpu:      # peak GPU memory of this round so far: generation and training
                 state["round_stats"]["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             state["step"] += 1

@@ -86,3 +86,21 @@ def test_collate_pads_prompts_left_and_completions_right():
     assert cols["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
     assert torch.allclose(cols["behaviour_logp"], torch.tensor([[-0.1, -0.2, 0.0], [-0.3, -0.4, -0.5]]))
     assert cols["advantage"].tolist() == [0.5, -0.5]
+
+
+def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
+    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.3)
+    buf.add([make(i) for i in range(20)])        # make(i).reward = i % 2: odd ids are correct
+    # freshest (1 - 0.3) * 10 = 7: ids 13..19; plus the freshest 3 correct among ids 0..12: 7, 9, 11
+    assert ids(buf.items) == [7, 9, 11, 13, 14, 15, 16, 17, 18, 19]
+    buf.add([make(20), make(21)])
+    # fresh: 15..21; correct among 0..14 still held (7, 9, 11, 13): the freshest 3 are 9, 11, 13
+    assert ids(buf.items) == [9, 11, 13, 15, 16, 17, 18, 19, 20, 21]
+
+
+def test_skip_zero_advantage_stores_only_informative_rollouts():
+    buf = ReplayBuffer(capacity=10, skip_zero_advantage=True)
+    rollouts = [make(i) for i in range(4)]
+    rollouts[2].advantage = 0.0
+    buf.add(rollouts)
+    assert ids(buf.items) == [0, 1, 3]

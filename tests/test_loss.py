@@ -99,3 +99,15 @@ def test_kl_to_reference_by_hand():
     # d kl_t / d logp_t = 1 - e^d: -1 for d = ln 2, +0.5 for d = -ln 2; plus the policy term -A/5
     expected = torch.tensor([[-1.0 + 0.5 * -1.0, -1.0, -1.0], [2.0, 2.0 + 0.5 * 0.5, 0.0]]) / 5
     assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_asymre_is_reinforce_with_the_given_coefficient_and_no_ratio():
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
+    mu = [[-5.0, -0.1, -2.0], [-0.3, -3.0, -9.0]]               # stale: must not matter
+    # coefficients r - (V - tau): e.g. r = 1, V = 0.25, tau = 0.1 -> 0.85;  r = 0, V = 0.25 -> -0.15
+    logp = torch.tensor(lp, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.tensor(mu), torch.tensor([0.85, -0.15]), MASK, loss_type="asymre")
+    loss.backward()
+    assert loss.item() == pytest.approx(-(0.85 * -3.5 + -0.15 * -1.0) / 5)
+    expected = torch.tensor([[-0.85, -0.85, -0.85], [0.15, 0.15, 0.0]]) / 5
+    assert torch.allclose(logp.grad, expected)

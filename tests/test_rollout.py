@@ -74,3 +74,5 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
         assert r.reward == addition.reward(["12+34=", "5+6="][(i // 4) % 2], text)
     adv = torch.tensor([r.advantage for r in rollouts]).view(-1, 4)
     assert torch.allclose(adv.sum(1), torch.zeros(len(adv)), atol=1e-4)
+    rewards = torch.tensor([r.reward for r in rollouts]).view(-1, 4)
+    assert [r.baseline for r in rollouts] == rewards.mean(1).repeat_interleave(4).tolist()
