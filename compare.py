@@ -74,6 +74,18 @@ def median_curve(runs: list[dict], key: str) -> tuple[list[float], list[float], 
     return xs, [statistics.median(a) for a in acc], [min(a) for a in acc], [max(a) for a in acc]
 
 
+def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_replay: float) -> float | None:
+    """The mu above which replay costs less to reach the target, in the cost model
+    cost = mu * (rollouts generated) + (rollouts trained):
+        mu * gen_replay + trained_replay < mu * gen_on + trained_on
+        <=>  mu > (trained_replay - trained_on) / (gen_on - gen_replay)   when replay generates less.
+    0.0: replay is cheaper at any mu; None: it is cheaper at none (it generated no less)."""
+    saved, extra = gen_on - gen_replay, trained_replay - trained_on
+    if saved > 0:
+        return max(extra / saved, 0.0)
+    return 0.0 if saved == 0 and extra < 0 else None
+
+
 def first_reach(xs: list[float], accs: list[float], target: float) -> float | None:
     return next((x for x, a in zip(xs, accs) if a >= target - 1e-9), None)
 
@@ -182,9 +194,8 @@ def main(argv=None) -> dict:
         b = summary["arms"][best]
         summary["token_ratio"] = b["tokens_to_target"] / base["tokens_to_target"]
         summary["time_ratio"] = b["seconds_to_target"] / base["seconds_to_target"]
-        saved = base["_gen_to_target"] - b["_gen_to_target"]
-        extra = b["_trained_to_target"] - base["_trained_to_target"]
-        summary["break_even_mu"] = (extra / saved if saved > 0 else None) if extra > 0 else 0.0
+        summary["break_even_mu"] = break_even_mu(base["_gen_to_target"], base["_trained_to_target"],
+                                                 b["_gen_to_target"], b["_trained_to_target"])
     for a in summary["arms"].values():
         a.pop("_gen_to_target"), a.pop("_trained_to_target")
 
@@ -231,9 +242,9 @@ def plot(s: dict, path: str) -> None:
     for ax, label in zip(axes, ("generated completion tokens", "seconds (generation + training)")):
         ax.axhline(s["target_accuracy"], color="grey", lw=0.8, ls="--")
         ax.set_xlabel(label)
-        ax.set_ylabel("held-out greedy accuracy (median, band = min..max over seeds)")
+        ax.set_ylabel("held-out greedy accuracy")
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(title="median over seeds; band: min-max")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"curves: {path}")

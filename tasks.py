@@ -79,18 +79,20 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
 
 
 def load_task(name: str, reward_mode: str = "strict") -> Task:
-    """'addition', 'gsm8k' (Hugging Face openai/gsm8k: train split to train, test split to eval)
+    """'addition', 'addition3', 'gsm8k' (Hugging Face openai/gsm8k: train split to train, test split to eval)
     or a path to a .jsonl file in GSM8K's format (see ``jsonl_task``). ``reward_mode`` ('strict'
     or 'lenient', see ``extract_answer``) picks the training reward of the GSM8K-format tasks."""
     if reward_mode not in REWARD_MODES:
         raise TaskError(f"unknown reward mode {reward_mode!r}: expected one of {', '.join(REWARD_MODES)}")
     if name == "addition":
         return addition_task(2)
+    if name == "addition3":           # 3-digit sums: a harder task, sparser rewards for the tiny model
+        return addition_task(3)
     if name == "gsm8k":
         return gsm8k_task(reward_mode)
     if name.endswith(".jsonl"):
         return jsonl_task(name, reward_mode)
-    raise TaskError(f"unknown task {name!r}: expected 'addition', 'gsm8k' or a path to a .jsonl file")
+    raise TaskError(f"unknown task {name!r}: expected 'addition', 'addition3', 'gsm8k' or a path to a .jsonl file")
 
 
 def _one_line(e: BaseException) -> str:
@@ -326,10 +328,11 @@ def cache_dir() -> str:
     return os.environ.get("REPLAY_RL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "replay-rl"))
 
 
-def tiny_model(task: Task, log=print) -> str:
-    """Folder of the warm-started tiny model for ``task``; built (and cached) on first use."""
-    spec = json.dumps({"task": task.name, "chars": CHARS, "model": TINY_MODEL, "warm": WARM_START, "v": 1},
-                      sort_keys=True)
+def tiny_model(task: Task, warm_start_steps: int | None = None, log=print) -> str:
+    """Folder of the warm-started tiny model for ``task``; built (and cached) on first use.
+    Fewer ``warm_start_steps`` than the default give a weaker start: sparser rewards for RL."""
+    w = {**WARM_START, "steps": warm_start_steps or WARM_START["steps"]}
+    spec = json.dumps({"task": task.name, "chars": CHARS, "model": TINY_MODEL, "warm": w, "v": 1}, sort_keys=True)
     path = os.path.join(cache_dir(), f"tiny-{task.name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path
@@ -337,7 +340,7 @@ def tiny_model(task: Task, log=print) -> str:
         raise ValueError(f"task {task.name!r} has no supervised targets: the tiny model needs an embedded task")
     log(f"building the tiny model for {task.name} (supervised warm start, cached in {path}) ...")
     start = time.time()
-    model, tokenizer = warm_start(task)
+    model, tokenizer = warm_start(task, w["steps"])
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -347,12 +350,12 @@ def tiny_model(task: Task, log=print) -> str:
     return path
 
 
-def warm_start(task: Task):
+def warm_start(task: Task, steps: int | None = None):
     """Supervised training of a fresh tiny Llama on prompt -> target + EOS (loss on the completion).
     Deterministic for a given WARM_START seed. Returns (model, tokenizer)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    w = WARM_START
+    w = {**WARM_START, "steps": steps or WARM_START["steps"]}
     torch.manual_seed(w["seed"])
     rng = random.Random(w["seed"])
     tokenizer = char_tokenizer()

@@ -35,12 +35,14 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny' builds the embedded demo model for the task")
-    task: str = opt("addition", "task: 'addition' (embedded, 2-digit sums), 'gsm8k' (Hugging Face openai/gsm8k) "
+    warm_start_steps: int = opt(650, "tiny model only: supervised warm-start steps (fewer: weaker start, sparser rewards)")
+    task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'gsm8k' (openai/gsm8k) "
                                 "or a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient takes the last number",
                            choices=("strict", "lenient"))
     reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, completion) -> float")
-    chat_template: bool = opt(False, "wrap each prompt in the tokenizer's chat template (instruct models)")
+    chat_template: bool = opt(True, "wrap each prompt in the tokenizer's chat template when it has one")
+    system_prompt: str = opt("", "a system message before each prompt (with the chat template)")
     output_dir: str = opt("", "run folder for metrics.jsonl, config.json and adapter/ (default runs/<time>)")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
@@ -96,8 +98,9 @@ class Config:
 
 
 # Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
-RESUME_FIXED = ("model", "task", "reward_mode", "reward", "chat_template", "seed", "lora_r", "lora_alpha",
-                "load_in_4bit", "buffer_size", "prompts_per_round", "num_generations", "temperature")
+RESUME_FIXED = ("model", "warm_start_steps", "task", "reward_mode", "reward", "chat_template", "system_prompt",
+                "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size", "prompts_per_round", "num_generations",
+                "temperature")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -149,12 +152,17 @@ def config_problem(cfg: Config) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size", "updates_per_round",
                  "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr", "temperature", "keep_checkpoints",
+                 "warm_start_steps",
                  "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
     for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
+    if cfg.task not in ("addition", "addition3", "gsm8k") and not cfg.task.endswith(".jsonl"):
+        return f"--task {cfg.task}: unknown; expected addition, addition3, gsm8k or a path to a .jsonl file"
+    if cfg.task.endswith(".jsonl") and not os.path.isfile(cfg.task):
+        return f"--task {cfg.task}: no such file"
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
     if cfg.buffer_size < cfg.rollouts_per_round:
@@ -299,7 +307,7 @@ def main(argv=None) -> dict:
         sys.exit(f"error: {e}")
     if cfg.model == "tiny" and task.target is None:
         sys.exit(f"error: --model tiny is the embedded demo for --task addition; for {cfg.task} pass a real "
-                 "model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct --chat-template")
+                 "model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
     stop = StopRequest()
     try:
         return train(cfg, task, stop)
@@ -327,17 +335,18 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     rng = random.Random(cfg.seed)                 # the prompt stream
     device = pick_device(cfg.device)
     say = print if cfg.progress else (lambda *args, **kwargs: None)
-    model_path = tasks.tiny_model(task) if cfg.model == "tiny" else cfg.model
+    model_path = tasks.tiny_model(task, cfg.warm_start_steps) if cfg.model == "tiny" else cfg.model
     dtype = pick_dtype(cfg.dtype, device)
     model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                    load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
                                    gradient_checkpointing=cfg.gradient_checkpointing,
                                    trust_remote_code=cfg.trust_remote_code)
-    if cfg.chat_template:
-        if not tokenizer.chat_template:
-            sys.exit(f"error: --chat-template: the tokenizer of {model_path} has none (a base model?); drop the flag")
+    if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
+        system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+            system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+    elif cfg.system_prompt:
+        sys.exit("error: --system-prompt needs a tokenizer with a chat template")
     on_gpu = device.startswith("cuda")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)

@@ -126,3 +126,46 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
     reference = lora_grads(fresh, rollouts, tokenizer.pad_token_id)
     for name, g in grads.items():
         torch.testing.assert_close(g, reference[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_train_on_a_local_model_with_a_chat_template_and_a_jsonl_task(model_dirs, tmp_path, monkeypatch):
+    """The whole train.py path for a user's model folder: chat template (with a system prompt) on
+    the model's side, the plain prompt on the reward's side, a GSM8K-format file as the task."""
+    import json
+    import shutil
+    import sys
+
+    import rollout
+    import train
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(model_dirs["llama"], folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    tokenizer.save_pretrained(folder)
+    rows = [{"question": f"what is {i} + {i}", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(20)]
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    # a custom reward that records the prompts it is given
+    (tmp_path / "spyreward.py").write_text("SEEN = []\ndef reward(prompt, completion):\n"
+                                           "    SEEN.append(prompt)\n    return float('2' in completion)\n")
+    seen_by_model = []
+    real_generate = rollout.generate_rollouts
+
+    def spy(model, tok, prompts, reward_fn, **kw):
+        seen_by_model.extend(prompts)
+        return real_generate(model, tok, prompts, reward_fn, **kw)
+
+    monkeypatch.setattr(rollout, "generate_rollouts", spy)
+    result = train.main(["--model", str(folder), "--task", str(tmp_path / "sums.jsonl"), "--system-prompt", "be brief",
+                         "--reward", f"{tmp_path / 'spyreward.py'}:reward",
+                         "--output-dir", str(tmp_path / "run"), "--max-rounds", "2", "--prompts-per-round", "2",
+                         "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8", "--max-new-tokens", "8"])
+    assert result["step"] == 2
+    assert seen_by_model and all(p.startswith("system: be brief;user: what is ") and p.endswith(";assistant:")
+                                 for p in seen_by_model)
+    seen_by_reward = sys.modules["reward_spyreward"].SEEN
+    assert seen_by_reward and all(p.startswith("what is ") for p in seen_by_reward)   # the plain prompt
+    evals = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl") if "eval_accuracy" in l]
+    assert {"eval_strict", "eval_lenient"} <= set(evals[0])

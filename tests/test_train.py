@@ -16,6 +16,9 @@ REQUIRED = {"step", "round", "gen_tokens", "reward", "entropy", "is_ratio_mean",
     (["--is-cap", "0.5"], "--is-cap 0.5"),
     (["--lr", "0"], "--lr 0.0"),
     (["--num-generations", "-1"], "--num-generations -1"),
+    (["--task", "sudoku"], "--task sudoku"),
+    (["--task", "missing/file.jsonl"], "--task missing/file.jsonl"),
+    (["--keep-correct-frac", "1.5"], "--keep-correct-frac 1.5"),
 ])
 def test_bad_config_stops_with_one_line_and_exit_2(args, field, capsys):
     start = time.time()
