@@ -1,6 +1,6 @@
 """Does replay pay off? Arms of train.py's loop under the same budget of generated tokens.
 
-    python compare.py --output-dir runs/compare            # the full comparison (~20 min on 2 CPU cores)
+    python compare.py --output-dir runs/compare            # the full comparison (~12 min on 2 CPU cores)
     python compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
@@ -50,14 +50,14 @@ def read_run(run_dir: str) -> dict:
         cfg = json.load(f)
     steps = [r for r in rows if "eval_accuracy" not in r]
     evals = [r for r in rows if "eval_accuracy" in r]
-    last = steps[-1]
+    last = rows[-1]                                      # every line carries the cumulative counters
     tail = steps[-max(1, len(steps) // 20):]             # entropy: mean over the last 5% of steps
     return {
         "tokens": [r["gen_tokens"] for r in evals],
         "steps": [r["step"] for r in evals],
         "seconds": [r["gen_seconds"] + r["train_seconds"] for r in evals],
         "accuracy": [r["eval_accuracy"] for r in evals],
-        "entropy": statistics.mean(r["rollout_entropy"] for r in tail),
+        "entropy": statistics.mean(r["rollout_entropy"] for r in tail) if tail else float("nan"),
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * cfg["prompts_per_round"] * cfg["num_generations"],
         "rollouts_trained": last["step"] * cfg["batch_size"],
@@ -65,13 +65,16 @@ def read_run(run_dir: str) -> dict:
     }
 
 
-def median_curve(runs: list[dict], key: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per eval point (aligned by index; every seed evaluates at the same rounds):
-    median x, median accuracy, min and max accuracy over seeds."""
-    n = min(len(r["accuracy"]) for r in runs)
-    xs = [statistics.median(r[key][i] for r in runs) for i in range(n)]
-    acc = [[r["accuracy"][i] for r in runs] for i in range(n)]
-    return xs, [statistics.median(a) for a in acc], [min(a) for a in acc], [max(a) for a in acc]
+def median_curve(runs: list[dict], grid: list[float]) -> dict[str, list[float]]:
+    """The runs' evals at common token counts: at each grid point g, every run's first eval with
+    generated tokens >= g (train.py evaluates when the tokens cross each multiple of the interval,
+    and at the end). Median over runs of tokens, seconds, updates and accuracy; min and max accuracy."""
+    picks = [[next(i for i, t in enumerate(r["tokens"]) if t >= g) for g in grid] for r in runs]
+    curve = {key: [statistics.median(r[key][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
+             for key in ("tokens", "seconds", "steps", "accuracy")}
+    curve["min"] = [min(r["accuracy"][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
+    curve["max"] = [max(r["accuracy"][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
+    return curve
 
 
 def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_replay: float) -> float | None:
@@ -79,15 +82,22 @@ def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_r
     cost = mu * (rollouts generated) + (rollouts trained):
         mu * gen_replay + trained_replay < mu * gen_on + trained_on
         <=>  mu > (trained_replay - trained_on) / (gen_on - gen_replay)   when replay generates less.
-    0.0: replay is cheaper at any mu; None: it is cheaper at none (it generated no less)."""
+    0.0: replay is cheaper at any mu. None: replay generated no less, so a costlier generation only
+    favours on-policy (if replay also trained less, it is cheaper below (extra / saved) only)."""
     saved, extra = gen_on - gen_replay, trained_replay - trained_on
     if saved > 0:
         return max(extra / saved, 0.0)
     return 0.0 if saved == 0 and extra < 0 else None
 
 
-def first_reach(xs: list[float], accs: list[float], target: float) -> float | None:
-    return next((x for x, a in zip(xs, accs) if a >= target - 1e-9), None)
+def first_reach(xs: list[float], accs: list[float], target: float, window: int = 3) -> float | None:
+    """x of the first eval point from which the mean accuracy of the next ``window`` points (fewer
+    at the end) reaches the target: one lucky eval does not count as reaching it."""
+    for i, x in enumerate(xs):
+        ahead = accs[i:i + window]
+        if sum(ahead) / len(ahead) >= target - 1e-9:
+            return x
+    return None
 
 
 def main(argv=None) -> dict:
@@ -121,17 +131,16 @@ def main(argv=None) -> dict:
     import train
     os.makedirs(args.output_dir, exist_ok=True)
     y, B, G = args.replay_ratio, args.batch_size, args.num_generations
+    interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
+    grid = [k * interval for k in range(args.evals)] + [args.budget_tokens]
 
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
         flags = arm_flags(arm, B, y, G, args.keep_correct_frac)
-        R = int(flags[1]) * G
-        # Evaluate after the same number of generated rollouts in every arm, so curves line up.
-        rounds = max(1, int(args.budget_tokens / (R * 3.6)))          # ~3.6 tokens per addition answer
-        eval_every = max(1, rounds // args.evals)
         out = os.path.join(args.output_dir, arm + tag, f"seed{seed}")
+        # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
         argv = flags + ["--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model,
                         "--task", args.task, "--num-generations", str(G), "--max-gen-tokens", str(args.budget_tokens),
-                        "--max-rounds", str(10 * rounds), "--eval-every", str(eval_every),
+                        "--max-rounds", str(10**9), "--eval-every-tokens", str(interval),
                         "--eval-prompts", str(args.eval_prompts), "--no-progress"] + args.train_args.split()
         train.main(argv)
         return read_run(out)
@@ -140,7 +149,8 @@ def main(argv=None) -> dict:
     start = time.time()
     for arm in args.arms:
         if args.sweep_lr:
-            scores = {lr: run(arm, 0, lr, f"-lr{lr:g}")["accuracy"][-1] for lr in args.sweep_lr}
+            # seed 1000: the sweep's runs are not among the reported seeds (no selection on them)
+            scores = {lr: run(arm, 1000, lr, f"-lr{lr:g}")["accuracy"][-1] for lr in args.sweep_lr}
             lrs[arm] = max(scores, key=scores.get)
             print(f"{arm}: lr sweep {scores} -> {lrs[arm]:g}", flush=True)
         else:
@@ -162,26 +172,24 @@ def main(argv=None) -> dict:
                "lr": {a: lrs[a] for a in args.arms}, "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": "one run at a time, generation + training (evals excluded)", "arms": {}}
     for arm, runs in results.items():
-        tok_x, acc, lo, hi = median_curve(runs, "tokens")
-        sec_x, _, _, _ = median_curve(runs, "seconds")
-        step_x, _, _, _ = median_curve(runs, "steps")
-        per_rollout_gen = statistics.median(r["rollouts_generated"] / max(r["tokens"][-1], 1) for r in runs)
-        tokens_to_target = first_reach(tok_x, acc, target)
-        steps_to_target = first_reach(step_x, acc, target)
+        curve = median_curve(runs, grid)
+        rollouts_per_token = statistics.median(r["rollouts_generated"] / max(r["tokens"][-1], 1) for r in runs)
+        tokens_to_target = first_reach(curve["tokens"], curve["accuracy"], target)
+        steps_to_target = first_reach(curve["steps"], curve["accuracy"], target)
         summary["arms"][arm] = {
             "final_accuracy": statistics.median(r["accuracy"][-1] for r in runs),
             "final_accuracy_range": [min(r["accuracy"][-1] for r in runs), max(r["accuracy"][-1] for r in runs)],
             "tokens_to_target": tokens_to_target,
-            "seconds_to_target": first_reach(sec_x, acc, target),
+            "seconds_to_target": first_reach(curve["seconds"], curve["accuracy"], target),
             "steps_to_target": steps_to_target,
             "entropy": statistics.median(r["entropy"] for r in runs),
             "seeds": len(runs),
             "gen_seconds": statistics.median(r["gen_seconds"] for r in runs),
             "train_seconds": statistics.median(r["train_seconds"] for r in runs),
             "flags": " ".join(arm_flags(arm, B, y, G, args.keep_correct_frac)),
-            "curve": {"tokens": tok_x, "seconds": sec_x, "steps": step_x, "accuracy": acc, "min": lo, "max": hi},
+            "curve": curve,
             # rollouts generated and trained up to the target, for the cost model
-            "_gen_to_target": tokens_to_target * per_rollout_gen if tokens_to_target is not None else None,
+            "_gen_to_target": tokens_to_target * rollouts_per_token if tokens_to_target is not None else None,
             "_trained_to_target": steps_to_target * runs[0]["batch_size"] if steps_to_target is not None else None,
         }
     base = summary["arms"]["on_policy"]

@@ -11,14 +11,15 @@
         (the caller passes A = r - (V - tau); tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
-With rho = 1 (fresh, on-policy data) both reduce to the plain policy gradient -A * grad log pi.
+With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
+-A * grad log pi.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from buffer import Rollout, collate
 
@@ -27,7 +28,7 @@ NORMALIZATIONS = ("token_mean", "sequence_mean")
 
 
 def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
-                lora_dropout: float = 0.0, target_modules="all-linear", load_in_4bit: bool = False,
+                target_modules="all-linear", load_in_4bit: bool = False,
                 device: str = "cpu", dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
                 trust_remote_code: bool = False):
     """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
@@ -78,7 +79,19 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()      # so checkpointed blocks see a tensor that needs grad
-    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha or 2 * lora_r, lora_dropout=lora_dropout,
+    # Sampling must follow only the settings rollout.py passes: a checkpoint's shipped defaults
+    # (Qwen-Instruct: repetition_penalty, top_k, temperature) would otherwise fill in the unset
+    # fields of generate() and change the distribution behind the stored behaviour log-probs.
+    # Only the end tokens are kept.
+    model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    # Dropout would make the training forward differ from the sampling one (ratio != 1 on fresh data).
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):    # HF attention layers
+            module.attention_dropout = 0.0
+    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r if lora_alpha is None else lora_alpha, lora_dropout=0.0,
                       target_modules=target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, lora), tokenizer
 

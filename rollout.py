@@ -14,8 +14,9 @@ from buffer import Rollout
 class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(y_t) of every sampled token while ``generate`` runs, with no second forward.
 
-    ``generate`` calls this processor at step t with the raw logits z_t [B, V] (before temperature
-    and top-p: our processor comes first in the list) and with input_ids that end with the token
+    ``generate`` calls this processor at step t with the logits z_t [B, V] (after generate's own
+    processors such as a repetition penalty, which must be off: load_policy resets the model's
+    generation_config; before temperature and top-p) and with input_ids that end with the token
     sampled at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next
     call; the last step is gathered in ``finish``. Memory stays O(B * V), not O(B * T * V).
     log mu is the temperature-scaled softmax, the same distribution the loss evaluates; top-p
@@ -45,15 +46,27 @@ class BehaviourLogProbs(LogitsProcessor):
         return torch.stack(self.token_logp, 1), torch.stack(self.entropy, 1)
 
 
+def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
+    """(ids that end a completion, pad id): the tokenizer's EOS plus the model's eos_token_id list
+    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
+    model_eos = getattr(model.generation_config, "eos_token_id", None)
+    model_eos = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
+    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return eos_ids, pad_id
+
+
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + eps) within each group.   rewards: [num_prompts, G]
 
     std is the sample standard deviation (as TRL's GRPO). A group whose rewards are all equal
-    gets A = 0: it costs generation and teaches nothing (counted as zero_adv_frac).
+    gets exactly A = 0 (not rounding noise / eps): it costs generation and teaches nothing
+    (counted as zero_adv_frac).
     """
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
-    return (rewards - mean) / (std + eps)
+    all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(rewards), (rewards - mean) / (std + eps))
 
 
 @torch.inference_mode()
@@ -63,9 +76,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     """Sample ``num_generations`` completions per prompt and turn them into Rollouts.
 
     Prompts are left-padded so every completion starts at the same column; generation uses the
-    KV cache. Per rollout the completion keeps its tokens up to and including the first EOS
-    (pad == eos is common, so everything after the first EOS is padding). The rollouts of one
-    prompt form a group [G] whose rewards give the advantages.
+    KV cache. Per rollout the completion keeps its tokens up to and including the first end token
+    (the tokenizer's EOS or any of the model's eos_token_id list; pad == eos is common, so all after
+    it is padding). The rollouts of one prompt form a group [G] whose rewards give the advantages.
+    The model's generation_config must not add processors of its own (repetition penalty, ...):
+    they would change the sampling distribution behind the stored log-probs. load_policy sees to it.
     Returns (rollouts in prompt-major order, stats).
     """
     device = next(model.parameters()).device
@@ -73,12 +88,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [N*G, P]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    # A config of our own, so a model's shipped defaults (top_k, repetition_penalty, ...) cannot
-    # silently change the sampling distribution that behaviour_logp describes.
-    gen_config = GenerationConfig(
-        do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-        eos_token_id=eos_id, pad_token_id=pad_id if pad_id is not None else eos_id)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id)
     recorder = BehaviourLogProbs(temperature)
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
@@ -90,7 +102,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
 
     # Length = up to and including the first EOS, else all T tokens (truncated at max_new_tokens).
-    is_eos = completions == eos_id
+    is_eos = torch.isin(completions, torch.tensor(eos_ids))
     T = completions.shape[1]
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
     lengths = torch.clamp(first_eos + 1, max=T)
@@ -114,7 +126,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
     stats = {
         "reward": rewards.mean().item(),
-        "zero_adv_frac": (groups.std(1) == 0).float().mean().item() if G > 1 else 1.0,
+        "zero_adv_frac": (groups == groups[:, :1]).all(1).float().mean().item(),
         "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),
         "completion_len": lengths.float().mean().item(),
         "truncated_frac": (~is_eos.any(1)).float().mean().item(),
@@ -136,9 +148,9 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
                    batch_size: int = 256) -> dict[str, float]:
     """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``."""
     device = next(model.parameters()).device
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_id,
-                                  pad_token_id=pad_id if pad_id is not None else eos_id)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                                  pad_token_id=pad_id)
     totals = dict.fromkeys(reward_fns, 0.0)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]

@@ -6,7 +6,7 @@
 Each round: sample R = prompts_per_round x num_generations rollouts with the current policy,
 add them to a FIFO buffer of N rollouts, then take K optimizer steps, each on B rollouts drawn
 uniformly from the buffer. Replay ratio = K*B/R (mean uses of a rollout); staleness horizon =
-N/R rounds (how long a rollout stays). On-policy training is N = R, K*B = R.
+N/R rounds (how long a rollout stays). On-policy training is N = R = B, K = 1.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Config:
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
     top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore the truncation")
     # replay
-    buffer_size: int = opt(256, "N: rollouts kept in the FIFO replay buffer (N = R and K*B = R: on-policy)")
+    buffer_size: int = opt(256, "N: rollouts kept in the FIFO replay buffer (N = R = B, K = 1: on-policy)")
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
     updates_per_round: int = opt(1, "K: optimizer steps per round")
     max_age: int = opt(0, "drop rollouts older than this many optimizer steps; 0 = no limit")
@@ -74,13 +74,14 @@ class Config:
     beta: float = opt(0.0, "weight of a KL penalty to the base model (adapter off: no second copy); 0 = none")
     # length of the run and evaluation
     max_rounds: int = opt(600, "stop after this many rounds")
-    max_gen_tokens: int = opt(0, "stop once this many completion tokens were generated; 0 = no limit")
+    max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were generated; 0 = none")
     eval_every: int = opt(50, "greedy eval on held-out prompts every this many rounds")
+    eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple of this; 0 = off")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
     progress: bool = opt(True, "show the progress bar and the start-up summary")
     dtype: str = opt("auto", "weights and compute: auto = bfloat16 on a GPU that supports it, else float32",
-                     choices=("auto", "float32", "bfloat16", "float16"))
+                     choices=("auto", "float32", "bfloat16"))
     load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4, double quantization)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, slower")
     trust_remote_code: bool = opt(False, "run model code shipped with the model (off unless you trust it)")
@@ -152,11 +153,12 @@ def config_problem(cfg: Config) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size", "updates_per_round",
                  "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr", "temperature", "keep_checkpoints",
-                 "warm_start_steps",
+                 "warm_start_steps", "max_grad_norm", "lora_alpha",
                  "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every"):
+    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every",
+                 "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in ("addition", "addition3", "gsm8k") and not cfg.task.endswith(".jsonl"):
@@ -305,6 +307,10 @@ def main(argv=None) -> dict:
             task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+    if cfg.prompts_per_round > len(task.train_prompts):
+        print(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the task has only "
+              f"{len(task.train_prompts)} training prompts", file=sys.stderr)
+        sys.exit(2)
     if cfg.model == "tiny" and task.target is None:
         sys.exit(f"error: --model tiny is the embedded demo for --task addition; for {cfg.task} pass a real "
                  "model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
@@ -331,11 +337,11 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
 
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)                 # the prompt stream
     device = pick_device(cfg.device)
     say = print if cfg.progress else (lambda *args, **kwargs: None)
     model_path = tasks.tiny_model(task, cfg.warm_start_steps) if cfg.model == "tiny" else cfg.model
+    torch.manual_seed(cfg.seed)                   # after the warm start, which may have used the RNG
+    rng = random.Random(cfg.seed)                 # the prompt stream
     dtype = pick_dtype(cfg.dtype, device)
     model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                    load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
@@ -370,15 +376,22 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
              "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "pending_updates": 0,
              "round_stats": {}, "first_accuracy": None, "last_accuracy": None, "last_eval_round": -1,
-             "metrics_bytes": 0}
+             "next_eval_tokens": cfg.eval_every_tokens, "idle_rounds": 0, "metrics_bytes": 0}
     metrics_path = os.path.join(out, "metrics.jsonl")
     if cfg.resume:
         state = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
+        for group in optimizer.param_groups:        # the optimizer state brought the old lr back
+            group["lr"] = cfg.lr
         with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
             f.truncate(state["metrics_bytes"])
+        for d in os.listdir(out):                   # and later checkpoints: that timeline is abandoned
+            m = re.fullmatch(r"checkpoint-(\d+)", d)
+            if m and int(m.group(1)) > state["round"]:
+                shutil.rmtree(os.path.join(out, d))
         say(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
     metrics_file = open(metrics_path, "a" if cfg.resume else "w")
-    counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors")
+    counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors",
+                "idle_rounds")
 
     def log(row: dict) -> None:
         metrics_file.write(json.dumps({**{k: state[k] for k in counters}, **row}) + "\n")
@@ -419,7 +432,18 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         evaluate()                                  # step 0: before any update
     bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True,
                disable=not cfg.progress)
-    while state["round"] < cfg.max_rounds or state["pending_updates"]:
+    def budget_spent() -> bool:
+        return state["round"] >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state["gen_tokens"]
+
+    def save_and_exit():
+        bar.close()
+        path = checkpoint()
+        print(f"interrupted: checkpoint saved to {path}\nresume with: python train.py --resume {out}",
+              file=sys.stderr)
+        metrics_file.close()
+        sys.exit(128 + stop.signum)
+
+    while state["pending_updates"] or not budget_spent():
         if not state["pending_updates"]:            # a new round: generate, then K updates
             state["round"] += 1
             prompts = rng.sample(task.train_prompts, cfg.prompts_per_round)
@@ -439,12 +463,14 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             buffer.add(rollouts)
             buffer.drop_stale(state["step"])
             state["pending_updates"] = K if len(buffer) >= B else 0   # until the buffer holds B: generate only
+            state["idle_rounds"] += not state["pending_updates"]
         while state["pending_updates"] and stop.signum is None:
             t0 = time.perf_counter()
             m = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id,
                             policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
                             epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
-                            beta=cfg.beta, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
+                            beta=cfg.beta, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
+                            max_grad_norm=cfg.max_grad_norm)
             if on_gpu:      # peak GPU memory of this round so far: generation and training
                 state["round_stats"]["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             state["step"] += 1
@@ -452,19 +478,19 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             state["train_seconds"] += time.perf_counter() - t0
             state["skipped_steps"] += m["skipped"]
             state["skipped_in_a_row"] = state["skipped_in_a_row"] + 1 if m["skipped"] else 0
-            log({**m, **state["round_stats"], "buffer_size": len(buffer)})
+            log({**m, **state["round_stats"], "buffer_size": len(buffer), "lr": optimizer.param_groups[0]["lr"]})
             if state["skipped_in_a_row"] >= cfg.max_skipped_steps:
                 sys.exit(f"error: {state['skipped_in_a_row']} steps in a row had a NaN/inf loss or gradient "
                          f"(skipped, weights unchanged); lower --lr or check the reward. Last checkpoint: "
                          f"{find_checkpoint(out) or 'none'}")
-        if stop.signum is not None:
-            bar.close()
-            path = checkpoint()
-            print(f"interrupted: checkpoint saved to {path}\nresume with: python train.py --resume {out}",
-                  file=sys.stderr)
-            metrics_file.close()
-            sys.exit(128 + stop.signum)
-        if state["round"] % cfg.eval_every == 0:
+        if stop.signum is not None and state["pending_updates"]:
+            save_and_exit()                         # mid-round: its remaining updates run after --resume
+        # the end of a round
+        if cfg.eval_every_tokens:                   # at fixed token counts: curves of runs line up
+            if state["gen_tokens"] >= state["next_eval_tokens"]:
+                state["next_eval_tokens"] = (state["gen_tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens
+                evaluate()
+        elif state["round"] % cfg.eval_every == 0:
             evaluate()
         rs = state["round_stats"]
         bar.update(state["round"] - bar.n)
@@ -473,8 +499,8 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
                         **({"mem": f"{rs['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in rs else {}))
         if cfg.save_every and state["round"] % cfg.save_every == 0:
             checkpoint()
-        if cfg.max_gen_tokens and state["gen_tokens"] >= cfg.max_gen_tokens:
-            break
+        if stop.signum is not None:
+            save_and_exit()
     bar.close()
     if state["last_eval_round"] != state["round"]:
         evaluate()
@@ -490,6 +516,8 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
     if state["skipped_steps"] or state["reward_errors"]:
         say(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
+    if state["idle_rounds"]:
+        say(f"rounds without an update (the buffer held fewer than B={B} rollouts): {state['idle_rounds']}")
     say(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
     return {"first_accuracy": first, "final_accuracy": last, "output_dir": out, **state}
 

@@ -165,3 +165,35 @@ def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
     msg = str(e.value.code)
     assert "out of GPU memory" in msg and "--load-in-4bit" in msg and "--micro-batch-size" in msg
+
+
+def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, tiny_path, monkeypatch):
+    """A signal during the last update of a round: the round's eval (and checkpoint) still happen
+    before the exit, so the resumed run matches an uninterrupted one, eval lines included."""
+    import replay_rl
+    flags = SMALL + ["--updates-per-round", "1", "--eval-every", "1", "--max-rounds", "4"]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    train.main(flags + ["--output-dir", full])
+    real, calls = replay_rl.update_step, []
+
+    def interrupted_update(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)        # arrives during round 2's only update
+        return real(*a, **k)
+
+    monkeypatch.setattr(replay_rl, "update_step", interrupted_update)
+    with pytest.raises(SystemExit) as e:
+        train.main(flags + ["--output-dir", part])
+    assert e.value.code == 128 + signal.SIGINT and train.find_checkpoint(part).endswith("checkpoint-2")
+    monkeypatch.setattr(replay_rl, "update_step", real)
+    train.main(["--resume", part, "--lr", "5e-4"])
+
+    def lines(run):
+        rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+        return [{k: v for k, v in r.items() if not k.endswith("_seconds") and k != "lr"} for r in rows]
+    a, b = lines(full), lines(part)
+    assert [r["round"] for r in b if "eval_accuracy" in r] == [0, 1, 2, 3, 4]
+    assert a[:6] == b[:6]                                   # identical up to the interruption, evals included
+    lr_after = [json.loads(line).get("lr") for line in open(os.path.join(part, "metrics.jsonl"))]
+    assert [x for x in lr_after if x][-1] == 5e-4            # --lr on --resume reaches the optimizer

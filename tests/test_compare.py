@@ -14,9 +14,12 @@ def test_break_even_mu_by_hand():
     assert compare.break_even_mu(1000, 1000, 1200, 900) is None      # generates more: mu cannot help
 
 
-def test_first_reach_takes_the_first_point_at_or_above_target():
-    assert compare.first_reach([10, 20, 30, 40], [0.1, 0.3, 0.2, 0.5], 0.3) == 20
-    assert compare.first_reach([10, 20], [0.1, 0.2], 0.3) is None
+def test_first_reach_needs_the_target_held_not_one_lucky_eval():
+    xs = [10, 20, 30, 40, 50]
+    assert compare.first_reach(xs, [0.1, 0.5, 0.05, 0.3, 0.3], 0.3) == 40     # 20: mean(0.5, 0.05, 0.3) < 0.3
+    assert compare.first_reach(xs, [0.1, 0.3, 0.3, 0.3, 0.2], 0.3) == 20
+    assert compare.first_reach(xs, [0.1, 0.1, 0.1, 0.1, 0.3], 0.3) == 50      # the last point alone at the end
+    assert compare.first_reach(xs, [0.1, 0.2, 0.2, 0.2, 0.2], 0.3) is None
 
 
 def test_arms_follow_their_definitions():

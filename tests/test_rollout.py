@@ -76,3 +76,30 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     assert torch.allclose(adv.sum(1), torch.zeros(len(adv)), atol=1e-4)
     rewards = torch.tensor([r.reward for r in rollouts]).view(-1, 4)
     assert [r.baseline for r in rollouts] == rewards.mean(1).repeat_interleave(4).tolist()
+
+
+def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_path, addition, tmp_path):
+    """Instruct checkpoints ship a repetition penalty, top_k, ... in generation_config.json; generate()
+    would apply them unasked and the stored log-probs would no longer be those of the policy."""
+    import shutil
+    from transformers import GenerationConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    shipped = GenerationConfig.from_pretrained(folder)
+    shipped.do_sample, shipped.repetition_penalty, shipped.top_k, shipped.no_repeat_ngram_size = True, 1.3, 3, 2
+    shipped.eos_token_id = [shipped.eos_token_id, 13]            # a second end token, as chat models have
+    shipped.save_pretrained(folder)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(str(folder), lora_r=4)
+    assert model.generation_config.repetition_penalty in (None, 1.0) and model.generation_config.eos_token_id == [1, 13]
+    torch.manual_seed(3)
+    rollouts, _ = generate_rollouts(model, tokenizer, ["11+11=", "22+33="] * 4, addition.reward,
+                                    num_generations=4, max_new_tokens=5)
+    batch = collate(rollouts, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = completion_logp(model, batch)
+    assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-5
+    for r in rollouts:                                         # token 13 ('+') ends a completion too
+        ids = r.completion_ids.tolist()
+        assert not ({1, 13} & set(ids[:-1]))
