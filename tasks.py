@@ -189,10 +189,26 @@ def qa_task(name: str, train_rows, eval_rows, reward_mode: str = "strict") -> Ta
                 eval_rewards={mode: make_reward(mode) for mode in REWARD_MODES})
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def gsm8k_task(reward_mode: str = "strict") -> Task:
     """GSM8K from the Hugging Face hub (or its local cache): 7473 training and 1319 test questions.
-    Offline, set HF_DATASETS_OFFLINE=1: the error then comes at once (without it, datasets first
-    retries the network for ~25 s)."""
+    With no network, the local cache is used at once (or a one-line error comes at once)."""
+    if not os.environ.get("HF_DATASETS_OFFLINE") and not hub_reachable():
+        # No network: go straight to the local cache (datasets would retry the hub for ~25 s first).
+        # Read when datasets is imported, so it takes effect unless it was imported earlier.
+        os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         import datasets
         data = datasets.load_dataset("openai/gsm8k", "main")

@@ -343,10 +343,20 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     torch.manual_seed(cfg.seed)                   # after the warm start, which may have used the RNG
     rng = random.Random(cfg.seed)                 # the prompt stream
     dtype = pick_dtype(cfg.dtype, device)
-    model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                   load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
-                                   gradient_checkpointing=cfg.gradient_checkpointing,
-                                   trust_remote_code=cfg.trust_remote_code)
+    if not os.path.isdir(model_path) and not tasks.hub_reachable():
+        # No network: use the local cache at once instead of ~50 s of retries against the hub.
+        import huggingface_hub
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                       load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
+                                       gradient_checkpointing=cfg.gradient_checkpointing,
+                                       trust_remote_code=cfg.trust_remote_code)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.exit(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a local folder, or download it "
+                 "once with network (it is then cached)")
     if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
         system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(

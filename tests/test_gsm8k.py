@@ -232,3 +232,16 @@ def test_load_reward_errors_are_one_line(tmp_path, spec, expected, clean_imports
     (tmp_path / "broken.py").write_text("def f(prompt, completion):\n    return (\n")   # a SyntaxError
     message = one_line_error(load_reward, spec.format(dir=tmp_path))
     assert expected in message
+
+
+def test_train_py_offline_gsm8k_is_one_line_and_nonzero_exit(tmp_path):
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path),
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets"), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "train.py", "--task", "gsm8k", "--model", "some/model",
+                           "--output-dir", str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: GSM8K could not be loaded")
+    assert not (tmp_path / "run").exists()                    # stopped before anything was written

@@ -80,3 +80,18 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
                                                     addition.eval_prompts, addition.reward,
                                                     max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)
+
+
+def test_unloadable_model_is_one_line_not_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    done = subprocess.run([sys.executable, "train.py", "--model", "nobody/no-such-model", "--output-dir",
+                           str(tmp_path / "run")], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --model nobody/no-such-model: cannot be loaded")
+    assert time.time() - start < 30                                    # no minute of retries
