@@ -118,15 +118,14 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     completion_ids = completions[mask].split(n)
     behaviour_logp = token_logp[mask].split(n)
     prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
-    groups = rewards.view(-1, G)
-    baselines = groups.mean(1).tolist()
+    baselines = rewards.view(-1, G).mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
                         policy_version=policy_version, baseline=baselines[i // G])
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
     stats = {
         "reward": rewards.mean().item(),
-        "zero_adv_frac": (groups == groups[:, :1]).all(1).float().mean().item(),
+        "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
         "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),
         "completion_len": lengths.float().mean().item(),
         "truncated_frac": (~is_eos.any(1)).float().mean().item(),

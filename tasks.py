@@ -78,21 +78,24 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
                 answers=answers, reward=reward, max_new_tokens=digits + 3, target=lambda p: answers[p])
 
 
+TASK_NAMES = ("addition", "addition3", "gsm8k")     # or a path to a .jsonl file
+
+
 def load_task(name: str, reward_mode: str = "strict") -> Task:
     """'addition', 'addition3', 'gsm8k' (Hugging Face openai/gsm8k: train split to train, test split to eval)
     or a path to a .jsonl file in GSM8K's format (see ``jsonl_task``). ``reward_mode`` ('strict'
     or 'lenient', see ``extract_answer``) picks the training reward of the GSM8K-format tasks."""
     if reward_mode not in REWARD_MODES:
         raise TaskError(f"unknown reward mode {reward_mode!r}: expected one of {', '.join(REWARD_MODES)}")
+    if name not in TASK_NAMES and not name.endswith(".jsonl"):
+        raise TaskError(f"unknown task {name!r}: expected one of {', '.join(TASK_NAMES)} or a path to a .jsonl file")
     if name == "addition":
         return addition_task(2)
     if name == "addition3":           # 3-digit sums: a harder task, sparser rewards for the tiny model
         return addition_task(3)
     if name == "gsm8k":
         return gsm8k_task(reward_mode)
-    if name.endswith(".jsonl"):
-        return jsonl_task(name, reward_mode)
-    raise TaskError(f"unknown task {name!r}: expected 'addition', 'addition3', 'gsm8k' or a path to a .jsonl file")
+    return jsonl_task(name, reward_mode)
 
 
 def _one_line(e: BaseException) -> str:
@@ -189,6 +192,17 @@ def qa_task(name: str, train_rows, eval_rows, reward_mode: str = "strict") -> Ta
                 eval_rewards={mode: make_reward(mode) for mode in REWARD_MODES})
 
 
+def use_local_cache_if_offline() -> None:
+    """With no network, make the Hugging Face libraries use their local cache at once: otherwise
+    they retry the hub for ~25 s (data sets) to ~50 s (models) before failing. datasets reads the
+    variables when it is imported; huggingface_hub (already imported by transformers) is told directly."""
+    if (os.environ.get("HF_HUB_OFFLINE") and os.environ.get("HF_DATASETS_OFFLINE")) or hub_reachable():
+        return
+    import huggingface_hub
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds."""
     import socket
@@ -205,10 +219,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def gsm8k_task(reward_mode: str = "strict") -> Task:
     """GSM8K from the Hugging Face hub (or its local cache): 7473 training and 1319 test questions.
     With no network, the local cache is used at once (or a one-line error comes at once)."""
-    if not os.environ.get("HF_DATASETS_OFFLINE") and not hub_reachable():
-        # No network: go straight to the local cache (datasets would retry the hub for ~25 s first).
-        # Read when datasets is imported, so it takes effect unless it was imported earlier.
-        os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
+    use_local_cache_if_offline()
     try:
         import datasets
         data = datasets.load_dataset("openai/gsm8k", "main")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import tasks
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
 
@@ -112,7 +114,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser(explicit_only: bool = False) -> argparse.ArgumentParser:
     """The CLI, one flag per Config field. explicit_only: flags not given are left out of the result."""
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     argument_default=argparse.SUPPRESS if explicit_only else None)
+                           argument_default=argparse.SUPPRESS if explicit_only else None)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         default = argparse.SUPPRESS if explicit_only else f.default
@@ -161,8 +163,8 @@ def config_problem(cfg: Config) -> str | None:
                  "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
-    if cfg.task not in ("addition", "addition3", "gsm8k") and not cfg.task.endswith(".jsonl"):
-        return f"--task {cfg.task}: unknown; expected addition, addition3, gsm8k or a path to a .jsonl file"
+    if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
+        return f"--task {cfg.task}: unknown; expected {', '.join(tasks.TASK_NAMES)} or a path to a .jsonl file"
     if cfg.task.endswith(".jsonl") and not os.path.isfile(cfg.task):
         return f"--task {cfg.task}: no such file"
     if cfg.batch_size > cfg.buffer_size:
@@ -198,15 +200,20 @@ def pick_device(name: str) -> str:
 
 
 # ---- checkpoints: checkpoint-<round>/{adapter/, optimizer.pt, buffer.safetensors, rng.safetensors, state.json}
+def checkpoint_rounds(run_dir: str) -> list[int]:
+    """Rounds of the checkpoint-<round> folders in a run folder, in order (not the hidden temporary ones)."""
+    return sorted(int(m.group(1)) for d in os.listdir(run_dir) if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
+
+
 def find_checkpoint(path: str) -> str | None:
     """path itself if it is a checkpoint, else the newest complete checkpoint-<round> inside it."""
     if os.path.isfile(os.path.join(path, "state.json")):
         return path
     if not os.path.isdir(path):
         return None
-    rounds = [int(m.group(1)) for d in os.listdir(path) if (m := re.fullmatch(r"checkpoint-(\d+)", d))
-              and os.path.isfile(os.path.join(path, d, "state.json"))]
-    return os.path.join(path, f"checkpoint-{max(rounds)}") if rounds else None
+    rounds = [r for r in checkpoint_rounds(path)
+              if os.path.isfile(os.path.join(path, f"checkpoint-{r}", "state.json"))]
+    return os.path.join(path, f"checkpoint-{rounds[-1]}") if rounds else None
 
 
 def save_checkpoint(run_dir: str, model, optimizer, buffer, state: dict, rng: random.Random, cfg: Config) -> str:
@@ -229,8 +236,7 @@ def save_checkpoint(run_dir: str, model, optimizer, buffer, state: dict, rng: ra
         json.dump({"state": state, "python_rng": rng.getstate(), "config": dataclasses.asdict(cfg)}, f)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    old = sorted((int(m.group(1)) for d in os.listdir(run_dir) if (m := re.fullmatch(r"checkpoint-(\d+)", d))))
-    for r in old[:-cfg.keep_checkpoints]:
+    for r in checkpoint_rounds(run_dir)[:-cfg.keep_checkpoints]:
         shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
     return final
 
@@ -300,7 +306,6 @@ def quiet_libraries() -> None:
 def main(argv=None) -> dict:
     cfg = parse_config(argv)
     quiet_libraries()
-    import tasks
     try:
         task = tasks.load_task(cfg.task, reward_mode=cfg.reward_mode)
         if cfg.reward:
@@ -326,7 +331,6 @@ def main(argv=None) -> dict:
 
 
 def train(cfg: Config, task, stop: StopRequest) -> dict:
-    import tasks
     from buffer import ReplayBuffer
     from replay_rl import load_policy, update_step
     from rollout import generate_rollouts, greedy_rewards
@@ -343,11 +347,8 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     torch.manual_seed(cfg.seed)                   # after the warm start, which may have used the RNG
     rng = random.Random(cfg.seed)                 # the prompt stream
     dtype = pick_dtype(cfg.dtype, device)
-    if not os.path.isdir(model_path) and not tasks.hub_reachable():
-        # No network: use the local cache at once instead of ~50 s of retries against the hub.
-        import huggingface_hub
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    if not os.path.isdir(model_path):
+        tasks.use_local_cache_if_offline()
     try:
         model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                        load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
@@ -394,10 +395,9 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             group["lr"] = cfg.lr
         with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
             f.truncate(state["metrics_bytes"])
-        for d in os.listdir(out):                   # and later checkpoints: that timeline is abandoned
-            m = re.fullmatch(r"checkpoint-(\d+)", d)
-            if m and int(m.group(1)) > state["round"]:
-                shutil.rmtree(os.path.join(out, d))
+        for r in checkpoint_rounds(out):            # and later checkpoints: that timeline is abandoned
+            if r > state["round"]:
+                shutil.rmtree(os.path.join(out, f"checkpoint-{r}"))
         say(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
     metrics_file = open(metrics_path, "a" if cfg.resume else "w")
     counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors",
@@ -411,7 +411,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     def reward(prompt: str, completion: str) -> float:
         try:
             value = float(task.reward(prompt, completion))
-            if value != value or value in (float("inf"), float("-inf")):
+            if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
             return value
         except Exception as e:
@@ -442,6 +442,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         evaluate()                                  # step 0: before any update
     bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True,
                disable=not cfg.progress)
+
     def budget_spent() -> bool:
         return state["round"] >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state["gen_tokens"]
 
