@@ -11,8 +11,11 @@ replayed; ``max_age`` optionally drops rollouts that have grown too stale.
 
 Two retention variants from the paper's discussion:
   keep_correct_frac = delta > 0   positive-bias retention: when full, keep the freshest
-                                  (1 - delta) * N rollouts plus the freshest delta * N *correct*
-                                  (reward > 0) ones among the older rollouts;
+                                  (1 - delta) * N rollouts (at least the whole newest batch, so
+                                  no fresh rollout is evicted unused) plus, in the other slots, the
+                                  freshest *correct* (reward > 0) older rollouts; slots that
+                                  correct ones cannot fill go to the freshest other older ones,
+                                  so the buffer stays full;
   skip_zero_advantage             never store rollouts whose advantage is 0 (their group's
                                   rewards were all equal: they carry no gradient).
 
@@ -75,11 +78,18 @@ class ReplayBuffer:
         self.items.extend(rollouts)
         if len(self.items) <= self.capacity:
             return
-        n_correct = int(self.keep_correct_frac * self.capacity)
-        n_fresh = self.capacity - n_correct
+        # the freshest (1 - delta) * N, and never fewer than the rollouts just added
+        n_fresh = min(self.capacity, max(self.capacity - int(self.keep_correct_frac * self.capacity), len(rollouts)))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
-        kept_correct = [r for r in older if r.reward > 0][-n_correct:] if n_correct else []
-        self.items = kept_correct + fresh
+        slots = self.capacity - n_fresh
+        if slots == 0:
+            self.items = fresh
+            return
+        # the older rollouts to keep: correct ones first, then the rest, each freshest first
+        newest_first = list(range(len(older) - 1, -1, -1))
+        ranked = [i for i in newest_first if older[i].reward > 0] + [i for i in newest_first if older[i].reward <= 0]
+        kept = sorted(ranked[:slots])
+        self.items = [older[i] for i in kept] + fresh
 
     def drop_stale(self, current_version: int) -> int:
         """Evict rollouts older than max_age optimizer steps. Returns how many were dropped."""
@@ -89,14 +99,18 @@ class ReplayBuffer:
         self.items = [r for r in self.items if current_version - r.policy_version <= self.max_age]
         return before - len(self.items)
 
-    def sample(self, batch_size: int) -> list[Rollout]:
-        """B distinct rollouts, uniformly at random, left in the buffer; their use counts go up."""
+    def sample(self, batch_size: int, remove: bool = False) -> list[Rollout]:
+        """B distinct rollouts, uniformly at random; their use counts go up. They stay in the
+        buffer for later batches (replay), unless ``remove``: then each rollout is used once."""
         if batch_size > len(self.items):
             raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of {len(self.items)}")
         idx = torch.randperm(len(self.items), generator=self.generator)[:batch_size].tolist()
         batch = [self.items[i] for i in idx]
         for r in batch:
             r.uses += 1
+        if remove:
+            taken = set(idx)
+            self.items = [r for i, r in enumerate(self.items) if i not in taken]
         return batch
 
     # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------

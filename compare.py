@@ -1,6 +1,6 @@
 """Does replay pay off? Arms of train.py's loop under the same budget of generated tokens.
 
-    python compare.py --output-dir runs/compare            # the full comparison (~12 min on 2 CPU cores)
+    python compare.py --output-dir runs/compare            # 3 arms x 5 seeds (~30 min on 2 CPU cores)
     python compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
@@ -9,26 +9,43 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 each update mixes the newest R rollouts with y-1 older rounds; each rollout used y times
     control     on-policy with R = B = N = B/y: as many updates per generated token as replay,
                 with no reuse; it separates "reuse" from "more, smaller updates"
-  optional (flags): replay_pbr (positive-bias retention), replay_nonzero (only rollouts with a
-                non-zero advantage are kept), replay_ppo (the clipped loss), replay_asymre (AsymRE)
-Runs go one at a time, so the measured seconds of one run are not slowed by another.
+  optional (--arms): replay_pbr (positive-bias retention), replay_nonzero (only rollouts with a
+                non-zero advantage are kept), replay_ppo (the clipped loss), replay_asymre (AsymRE),
+                control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
+                once, an update whenever B have been kept; it separates "reuse" from "filtering")
+
+Reading the runs. Every run evaluates when its generated tokens cross the same thresholds, so the
+runs of an arm line up; an arm's curve is the mean over its seeds. Smoothed accuracy at an eval =
+the median of it and its two neighbours. An arm *reaches* the target at the first eval from which
+its smoothed accuracy stays at or above the target until the end of the run; the target is the
+on-policy arm's final accuracy, the median of its last three evals (so it always reaches its own
+target). One lucky eval, or a lucky last one, never counts. Intervals: 90% bootstrap over seeds
+(each arm's seeds resampled with replacement, target recomputed, --bootstrap times).
 
 Cost model. Let mu = (generation seconds per rollout) / (training seconds per rollout). In units
-of one training rollout, a round costs mu*R + K*B. Replay saves generated rollouts but adds
-trained ones, so it pays in wall time only when mu > break-even = (extra trained rollouts) /
-(saved generated rollouts), both counted up to the target accuracy.
+of one training rollout, a run costs mu * (rollouts generated) + (rollouts trained). Replay saves
+generated rollouts but adds trained ones, so it pays in wall time only when mu > break-even =
+(extra trained rollouts) / (saved generated rollouts), both counted up to the target. --mu projects
+each arm's time to the target at other costs of generation (a GPU's: 8-27) from the runs' counts.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
+import shutil
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre")
+OPTIONAL_ARMS = ("replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "control_nonzero")
+GPU_MU = (8.0, 27.0)            # measured on a lent H200, 0.5B-shaped model (train.py runs / bench.py)
 
 
 def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
@@ -37,44 +54,69 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
         P, N, B = batch // G, batch, batch
     elif arm == "control":
         P, N, B = batch // (y * G), batch // y, batch // y
+    elif arm == "control_nonzero":          # a queue of kept rollouts, each used once: no eviction before use
+        P, N, B = batch // (y * G), batch + batch // y, batch
     else:
         P, N, B = batch // (y * G), batch, batch
     extra = {"replay_pbr": ["--keep-correct-frac", str(delta)], "replay_nonzero": ["--skip-zero-advantage"],
-             "replay_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"]}.get(arm, [])
+             "replay_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"],
+             "control_nonzero": ["--skip-zero-advantage", "--no-reuse"]}.get(arm, [])
     return ["--prompts-per-round", str(P), "--buffer-size", str(N), "--batch-size", str(B)] + extra
 
 
-def read_run(run_dir: str) -> dict:
+# ---- one run, read back ------------------------------------------------------------------
+def read_run(run_dir: str, grid: list[float]) -> dict:
+    """A run's evals at the grid of token thresholds (at each g: its first eval with generated
+    tokens >= g), with the exact counts of rollouts generated (rounds x R) and trained (steps x B)."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
+    R, B = cfg["prompts_per_round"] * cfg["num_generations"], cfg["batch_size"]
     steps = [r for r in rows if "eval_accuracy" not in r]
     evals = [r for r in rows if "eval_accuracy" in r]
-    last = rows[-1]                                      # every line carries the cumulative counters
+    picks = [next(r for r in evals if r["gen_tokens"] >= g) for g in grid]
     tail = steps[-max(1, len(steps) // 20):]             # entropy: mean over the last 5% of steps
+    last = rows[-1]                                      # every line carries the cumulative counters
     return {
-        "tokens": [r["gen_tokens"] for r in evals],
-        "steps": [r["step"] for r in evals],
-        "seconds": [r["gen_seconds"] + r["train_seconds"] for r in evals],
-        "accuracy": [r["eval_accuracy"] for r in evals],
+        "tokens": [r["gen_tokens"] for r in picks],
+        "seconds": [r["gen_seconds"] + r["train_seconds"] for r in picks],
+        "generated": [r["round"] * R for r in picks],
+        "trained": [r["step"] * B for r in picks],
+        "accuracy": [r["eval_accuracy"] for r in picks],
         "entropy": statistics.mean(r["rollout_entropy"] for r in tail) if tail else float("nan"),
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
-        "rollouts_generated": last["round"] * cfg["prompts_per_round"] * cfg["num_generations"],
-        "rollouts_trained": last["step"] * cfg["batch_size"],
-        "batch_size": cfg["batch_size"],
+        "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
     }
 
 
-def median_curve(runs: list[dict], grid: list[float]) -> dict[str, list[float]]:
-    """The runs' evals at common token counts: at each grid point g, every run's first eval with
-    generated tokens >= g (train.py evaluates when the tokens cross each multiple of the interval,
-    and at the end). Median over runs of tokens, seconds, updates and accuracy; min and max accuracy."""
-    picks = [[next(i for i, t in enumerate(r["tokens"]) if t >= g) for g in grid] for r in runs]
-    curve = {key: [statistics.median(r[key][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
-             for key in ("tokens", "seconds", "steps", "accuracy")}
-    curve["min"] = [min(r["accuracy"][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
-    curve["max"] = [max(r["accuracy"][p[j]] for r, p in zip(runs, picks)) for j in range(len(grid))]
-    return curve
+# ---- reaching the target -------------------------------------------------------------------
+def final_accuracy(accs: list[float]) -> float:
+    """The median of the last three evals: one lucky or unlucky last eval does not decide it."""
+    return statistics.median(accs[-3:])
+
+
+def reach_index(accs: list[float], target: float) -> int | None:
+    """Index of the first eval from which the smoothed accuracy (median of the eval and its two
+    neighbours) stays >= target to the end of the run; None if it never does. Only evals with two
+    neighbours are smoothed, so the last one counts only within the median of the last three."""
+    held = None
+    for i in range(len(accs) - 2, 0, -1):                # from the last smoothed point backwards
+        if statistics.median(accs[i - 1:i + 2]) < target - 1e-9:
+            break
+        held = i
+    return held
+
+
+def mean_curve(runs: list[dict]) -> dict[str, list[float]]:
+    keys = ("tokens", "seconds", "generated", "trained", "accuracy")
+    return {k: [statistics.fmean(r[k][j] for r in runs) for j in range(len(runs[0][k]))] for k in keys}
+
+
+def to_target(runs: list[dict], target: float) -> dict | None:
+    """Tokens, seconds, generated and trained rollouts at the arm's reach of the target (mean curve)."""
+    curve = mean_curve(runs)
+    i = reach_index(curve["accuracy"], target)
+    return None if i is None else {k: curve[k][i] for k in ("tokens", "seconds", "generated", "trained")}
 
 
 def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_replay: float) -> float | None:
@@ -90,29 +132,85 @@ def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_r
     return 0.0 if saved == 0 and extra < 0 else None
 
 
-def first_reach(xs: list[float], accs: list[float], target: float, window: int = 3) -> float | None:
-    """x of the first eval point from which the mean accuracy of the next ``window`` points (fewer
-    at the end) reaches the target: one lucky eval does not count as reaching it."""
-    for i, x in enumerate(xs):
-        ahead = accs[i:i + window]
-        if sum(ahead) / len(ahead) >= target - 1e-9:
-            return x
-    return None
+def projected_cost(point: dict, mu: float) -> float:
+    """Time to the target in units of one trained rollout, at generation cost mu."""
+    return mu * point["generated"] + point["trained"]
+
+
+def compare_arm(arm: list[dict], on: list[dict], mus: list[float]) -> dict:
+    """Point figures of one arm against on_policy: token ratio, measured time ratio, projected
+    time ratios at each mu, final accuracy and entropy differences (inf: the arm did not reach)."""
+    target = final_accuracy(mean_curve(on)["accuracy"])
+    a, o = to_target(arm, target), to_target(on, target)
+    ratio = (lambda k: a[k] / o[k]) if a else (lambda k: math.inf)
+    return {"token_ratio": ratio("tokens"), "time_ratio": ratio("seconds"),
+            "projected": {mu: (projected_cost(a, mu) / projected_cost(o, mu)) if a else math.inf for mu in mus},
+            "accuracy_diff": final_accuracy(mean_curve(arm)["accuracy"]) - target,
+            "entropy_diff": statistics.fmean(r["entropy"] for r in arm) - statistics.fmean(r["entropy"] for r in on)}
+
+
+def bootstrap(arm: list[dict], on: list[dict], mus: list[float], n: int, seed: int = 0) -> dict:
+    """90% percentile intervals of compare_arm's figures, resampling each arm's seeds with replacement."""
+    rng = random.Random(seed)
+    draws = [compare_arm(rng.choices(arm, k=len(arm)), rng.choices(on, k=len(on)), mus) for _ in range(n)]
+
+    def interval(values: list[float]) -> list[float]:
+        values = sorted(values)
+        return [values[int(0.05 * (n - 1))], values[int(math.ceil(0.95 * (n - 1)))]]
+    out = {k: interval([d[k] for d in draws]) for k in ("token_ratio", "time_ratio", "accuracy_diff", "entropy_diff")}
+    out["projected"] = {mu: interval([d["projected"][mu] for d in draws]) for mu in mus}
+    out["not_reached_frac"] = sum(math.isinf(d["token_ratio"]) for d in draws) / n
+    return out
+
+
+def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
+    """Plain words for the token ratio and the accuracy difference against on-policy."""
+    lo, hi = ratio_interval
+    tokens = ("fewer tokens" if hi < 1 else "more tokens" if lo > 1 else "tokens within noise")
+    lo, hi = diff_interval
+    acc = ("higher final accuracy" if lo > 0 else "lower final accuracy" if hi < 0 else "final accuracy within noise")
+    return f"{tokens}; {acc}"
+
+
+# ---- running the arms ----------------------------------------------------------------------
+def run_train(argv: list[str], out: str) -> None:
+    """One train.py run in its own process, one torch thread (runs side by side do not fight for
+    cores). A finished run (done.json with the same flags) is not run again: an interrupted
+    comparison picks up where it stopped."""
+    done = os.path.join(out, "done.json")
+    if os.path.exists(done) and json.load(open(done)) == argv:
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with open(os.path.join(out, "log.txt"), "w") as log:
+        code = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        tail = open(os.path.join(out, "log.txt")).read().strip().splitlines()[-3:]
+        raise RuntimeError(f"train.py {' '.join(argv)} exited with {code}: {' / '.join(tail)}")
+    with open(done, "w") as f:
+        json.dump(argv, f)
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", default="runs/compare", help="folder for the runs, summary.json and curves.png")
     p.add_argument("--budget-tokens", type=int, default=450_000, help="generated completion tokens per run")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per arm")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per arm (intervals need 5 or more)")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one torch thread each")
     p.add_argument("--batch-size", type=int, default=256, help="B, rollouts per update of the on-policy and replay arms")
-    p.add_argument("--replay-ratio", type=int, default=2, choices=(2, 4), help="y: uses of each rollout in the replay arm")
+    p.add_argument("--replay-ratio", type=int, default=2, help="y: uses of each rollout in the replay arms (>= 2)")
     p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
     p.add_argument("--lr", type=float, default=1e-3, help="one learning rate for every arm (unless --sweep-lr)")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None,
                    help="learning rates to try per arm (one seed each); the best final accuracy is used")
     p.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
     p.add_argument("--keep-correct-frac", type=float, default=0.3, help="delta of the positive-bias retention arm")
+    p.add_argument("--mu", type=float, nargs="*", default=None,
+                   help="costs of generation (seconds per generated / per trained rollout) to project each arm's "
+                        f"time to the target at; default: this machine's measured mu and {GPU_MU[0]:g}, {GPU_MU[1]:g}")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
     p.add_argument("--evals", type=int, default=15, help="eval points per run")
     p.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts per eval")
     p.add_argument("--model", default="tiny", help="passed to train.py")
@@ -121,92 +219,49 @@ def main(argv=None) -> dict:
     p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string")
     args = p.parse_args(argv)
     if args.quick:
-        args.budget_tokens, args.seeds, args.eval_prompts, args.evals = 30_000, 2, 200, 4
+        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 30_000, 2, 200, 4, 200
     if "on_policy" not in args.arms:
         p.error("--arms must include on_policy (it sets the target)")
+    if args.replay_ratio < 2:
+        p.error(f"--replay-ratio {args.replay_ratio}: must be >= 2")
     if args.batch_size % (args.replay_ratio * args.num_generations):
         p.error(f"--batch-size {args.batch_size} must be a multiple of replay_ratio x num_generations "
                 f"= {args.replay_ratio * args.num_generations}")
+    if args.evals < 3 or args.seeds < 1 or args.jobs < 1:
+        p.error("--evals must be >= 3, --seeds and --jobs >= 1")
 
-    import train
     os.makedirs(args.output_dir, exist_ok=True)
     y, B, G = args.replay_ratio, args.batch_size, args.num_generations
     interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
     grid = [k * interval for k in range(args.evals)] + [args.budget_tokens]
 
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
-        flags = arm_flags(arm, B, y, G, args.keep_correct_frac)
         out = os.path.join(args.output_dir, arm + tag, f"seed{seed}")
         # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
-        argv = flags + ["--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model,
-                        "--task", args.task, "--num-generations", str(G), "--max-gen-tokens", str(args.budget_tokens),
-                        "--max-rounds", str(10**9), "--eval-every-tokens", str(interval),
-                        "--eval-prompts", str(args.eval_prompts), "--no-progress"] + args.train_args.split()
-        train.main(argv)
-        return read_run(out)
+        run_train(arm_flags(arm, B, y, G, args.keep_correct_frac) + [
+            "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
+            "--num-generations", str(G), "--max-gen-tokens", str(args.budget_tokens), "--max-rounds", str(10**9),
+            "--eval-every-tokens", str(interval), "--eval-prompts", str(args.eval_prompts), "--no-progress",
+            *args.train_args.split()], out)
+        return read_run(out, grid)
 
-    lrs = {}
     start = time.time()
-    for arm in args.arms:
+    lrs = {arm: args.lr for arm in args.arms}
+    with ThreadPoolExecutor(args.jobs) as pool:
         if args.sweep_lr:
             # seed 1000: the sweep's runs are not among the reported seeds (no selection on them)
-            scores = {lr: run(arm, 1000, lr, f"-lr{lr:g}")["accuracy"][-1] for lr in args.sweep_lr}
-            lrs[arm] = max(scores, key=scores.get)
-            print(f"{arm}: lr sweep {scores} -> {lrs[arm]:g}", flush=True)
-        else:
-            lrs[arm] = args.lr
-    results = {}
-    for arm in args.arms:
-        results[arm] = []
-        for seed in range(args.seeds):
-            results[arm].append(run(arm, seed, lrs[arm]))
-            print(f"{arm} seed {seed}: final accuracy {results[arm][-1]['accuracy'][-1]:.3f} "
+            jobs = {(arm, lr): pool.submit(run, arm, 1000, lr, f"-lr{lr:g}") for arm in args.arms for lr in args.sweep_lr}
+            for arm in args.arms:
+                scores = {lr: final_accuracy(jobs[arm, lr].result()["accuracy"]) for lr in args.sweep_lr}
+                lrs[arm] = max(scores, key=scores.get)
+                print(f"{arm}: lr sweep {scores} -> {lrs[arm]:g}", flush=True)
+        jobs = {(arm, seed): pool.submit(run, arm, seed, lrs[arm]) for seed in range(args.seeds) for arm in args.arms}
+        results = {arm: [] for arm in args.arms}
+        for (arm, seed), job in jobs.items():
+            results[arm].append(job.result())
+            print(f"{arm} seed {seed}: final accuracy {final_accuracy(results[arm][-1]['accuracy']):.3f} "
                   f"({time.time() - start:.0f} s so far)", flush=True)
-
-    # mu, measured on the on-policy arm: seconds per generated rollout / seconds per trained rollout.
-    op = results["on_policy"]
-    mu = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
-                           for r in op)
-    target = statistics.median(r["accuracy"][-1] for r in op)
-    summary = {"target_accuracy": target, "mu": mu, "budget_tokens": args.budget_tokens,
-               "lr": {a: lrs[a] for a in args.arms}, "lr_chosen_by": "sweep" if args.sweep_lr else "given",
-               "seconds_measured": "one run at a time, generation + training (evals excluded)", "arms": {}}
-    for arm, runs in results.items():
-        curve = median_curve(runs, grid)
-        rollouts_per_token = statistics.median(r["rollouts_generated"] / max(r["tokens"][-1], 1) for r in runs)
-        tokens_to_target = first_reach(curve["tokens"], curve["accuracy"], target)
-        steps_to_target = first_reach(curve["steps"], curve["accuracy"], target)
-        summary["arms"][arm] = {
-            "final_accuracy": statistics.median(r["accuracy"][-1] for r in runs),
-            "final_accuracy_range": [min(r["accuracy"][-1] for r in runs), max(r["accuracy"][-1] for r in runs)],
-            "tokens_to_target": tokens_to_target,
-            "seconds_to_target": first_reach(curve["seconds"], curve["accuracy"], target),
-            "steps_to_target": steps_to_target,
-            "entropy": statistics.median(r["entropy"] for r in runs),
-            "seeds": len(runs),
-            "gen_seconds": statistics.median(r["gen_seconds"] for r in runs),
-            "train_seconds": statistics.median(r["train_seconds"] for r in runs),
-            "flags": " ".join(arm_flags(arm, B, y, G, args.keep_correct_frac)),
-            "curve": curve,
-            # rollouts generated and trained up to the target, for the cost model
-            "_gen_to_target": tokens_to_target * rollouts_per_token if tokens_to_target is not None else None,
-            "_trained_to_target": steps_to_target * runs[0]["batch_size"] if steps_to_target is not None else None,
-        }
-    base = summary["arms"]["on_policy"]
-    candidates = [a for a in summary["arms"] if a not in ("on_policy", "control")
-                  and summary["arms"][a]["tokens_to_target"] is not None]
-    best = min(candidates, key=lambda a: summary["arms"][a]["tokens_to_target"], default=None)
-    summary["best_replay_arm"] = best
-    summary["token_ratio"] = summary["time_ratio"] = summary["break_even_mu"] = None
-    if best and base["tokens_to_target"]:
-        b = summary["arms"][best]
-        summary["token_ratio"] = b["tokens_to_target"] / base["tokens_to_target"]
-        summary["time_ratio"] = b["seconds_to_target"] / base["seconds_to_target"]
-        summary["break_even_mu"] = break_even_mu(base["_gen_to_target"], base["_trained_to_target"],
-                                                 b["_gen_to_target"], b["_trained_to_target"])
-    for a in summary["arms"].values():
-        a.pop("_gen_to_target"), a.pop("_trained_to_target")
-
+    summary = summarize(results, args, grid, lrs)
     with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_table(summary)
@@ -214,23 +269,94 @@ def main(argv=None) -> dict:
     return summary
 
 
+def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict) -> dict:
+    op = results["on_policy"]
+    # mu, measured on the on-policy arm: seconds per generated rollout / seconds per trained rollout.
+    mu = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
+                           for r in op)
+    mus = [round(m, 3) for m in (args.mu if args.mu else [mu, *GPU_MU])]
+    target = final_accuracy(mean_curve(op)["accuracy"])
+    summary = {"target_accuracy": target, "mu": mu, "projected_at_mu": mus, "budget_tokens": args.budget_tokens,
+               "grid_tokens": grid, "lr": lrs, "lr_chosen_by": "sweep" if args.sweep_lr else "given",
+               "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
+                                   "one torch thread each",
+               "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target",
+               "intervals": f"90% bootstrap over seeds ({args.bootstrap} resamples)", "arms": {}}
+    base = to_target(op, target)
+    for name, runs in results.items():
+        point = to_target(runs, target)
+        curve = mean_curve(runs)
+        accs = [r["accuracy"] for r in runs]
+        entry = {
+            "final_accuracy": final_accuracy(curve["accuracy"]),
+            "final_accuracy_range": [min(final_accuracy(a) for a in accs), max(final_accuracy(a) for a in accs)],
+            "tokens_to_target": point and point["tokens"], "seconds_to_target": point and point["seconds"],
+            "generated_to_target": point and point["generated"], "trained_to_target": point and point["trained"],
+            "entropy": statistics.fmean(r["entropy"] for r in runs), "seeds": len(runs),
+            "gen_seconds": statistics.fmean(r["gen_seconds"] for r in runs),
+            "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
+            "flags": " ".join(arm_flags(name, args.batch_size, args.replay_ratio, args.num_generations,
+                                        args.keep_correct_frac)),
+            "curve": {**curve, "min": [min(a[j] for a in accs) for j in range(len(grid))],
+                      "max": [max(a[j] for a in accs) for j in range(len(grid))]},
+        }
+        if name != "on_policy":
+            fig = compare_arm(runs, op, mus)
+            ci = bootstrap(runs, op, mus, args.bootstrap)
+            finite = lambda x: None if math.isinf(x) else x                      # JSON has no inf
+            entry.update({
+                "token_ratio": finite(fig["token_ratio"]), "token_ratio_ci": [finite(x) for x in ci["token_ratio"]],
+                "time_ratio": finite(fig["time_ratio"]), "time_ratio_ci": [finite(x) for x in ci["time_ratio"]],
+                "projected_time_ratio": {f"{m:g}": {"ratio": finite(fig["projected"][m]),
+                                                    "ci": [finite(x) for x in ci["projected"][m]]} for m in mus},
+                "accuracy_diff": fig["accuracy_diff"], "accuracy_diff_ci": ci["accuracy_diff"],
+                "entropy_diff": fig["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"],
+                "not_reached_frac": ci["not_reached_frac"],
+                "break_even_mu": point and break_even_mu(base["generated"], base["trained"], point["generated"],
+                                                         point["trained"]),
+                "verdict": verdict(ci["token_ratio"], ci["accuracy_diff"]),
+            })
+        summary["arms"][name] = entry
+    others = {a: e for a, e in summary["arms"].items() if not a.startswith(("on_policy", "control"))}
+    reached = {a: e for a, e in others.items() if e["token_ratio"] is not None}
+    best = min(reached, key=lambda a: reached[a]["token_ratio"], default=None)
+    summary["best_replay_arm"] = best
+    for key in ("token_ratio", "time_ratio", "break_even_mu", "projected_time_ratio"):
+        summary[key] = summary["arms"][best][key] if best else None
+    return summary
+
+
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def fmt_ci(value, ci, spec=".2f"):
+    lo, hi = ci
+    return f"{fmt(value, spec)} [{fmt(lo, spec)}, {'not reached' if hi is None else format(hi, spec)}]"
+
+
 def print_table(s: dict) -> None:
-    print(f"\ntarget accuracy (on-policy final median): {s['target_accuracy']:.3f};  measured mu = {s['mu']:.2f} "
-          f"(generation / training seconds per rollout);  lr {s['lr_chosen_by']}: {s['lr']}")
-    print(f"{'arm':<16}{'final acc':>10}{'range':>14}{'tokens->target':>16}{'sec->target':>13}{'updates':>9}"
+    print(f"\ntarget accuracy (on-policy final, median of its last 3 evals): {s['target_accuracy']:.3f};  measured "
+          f"mu = {s['mu']:.2f} (generation / training seconds per rollout);  lr {s['lr_chosen_by']}: {s['lr']}")
+    print(f"{'arm':<16}{'final acc':>10}{'range':>12}{'tokens->target':>16}{'sec->target':>13}"
           f"{'entropy':>9}{'gen s':>8}{'train s':>9}")
     for name, a in s["arms"].items():
         lo, hi = a["final_accuracy_range"]
-        print(f"{name:<16}{a['final_accuracy']:>10.3f}{f'{lo:.2f}-{hi:.2f}':>14}{fmt(a['tokens_to_target'], ',.0f'):>16}"
-              f"{fmt(a['seconds_to_target'], '.1f'):>13}{fmt(a['steps_to_target'], '.0f'):>9}{a['entropy']:>9.3f}"
-              f"{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
-    print(f"best replay arm: {s['best_replay_arm']};  token ratio {fmt(s['token_ratio'], '.2f')}, "
-          f"time ratio {fmt(s['time_ratio'], '.2f')} (replay / on-policy, to the target);  "
-          f"break-even mu {fmt(s['break_even_mu'], '.2f')} (replay pays in wall time above it)")
+        print(f"{name:<16}{a['final_accuracy']:>10.3f}{f'{lo:.2f}-{hi:.2f}':>12}{fmt(a['tokens_to_target'], ',.0f'):>16}"
+              f"{fmt(a['seconds_to_target'], '.1f'):>13}{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}"
+              f"{a['train_seconds']:>9.1f}")
+    print(f"\nagainst on_policy, point [90% interval over seeds]; time ratios at mu other than the measured one are "
+          f"PROJECTIONS from the runs' counts of generated and trained rollouts")
+    for name, a in s["arms"].items():
+        if name == "on_policy":
+            continue
+        proj = ", ".join(f"mu {m}: {fmt_ci(v['ratio'], v['ci'])}" for m, v in a["projected_time_ratio"].items())
+        print(f"{name}: tokens to target x{fmt_ci(a['token_ratio'], a['token_ratio_ci'])}; measured time "
+              f"x{fmt_ci(a['time_ratio'], a['time_ratio_ci'])}; projected time {proj}; final accuracy "
+              f"{fmt_ci(a['accuracy_diff'], a['accuracy_diff_ci'], '+.3f')}; entropy "
+              f"{fmt_ci(a['entropy_diff'], a['entropy_diff_ci'], '+.3f')}; break-even mu "
+              f"{fmt(a['break_even_mu'], '.2f')} -> {a['verdict']}")
+    print(f"best replay arm: {s['best_replay_arm']}")
 
 
 def plot(s: dict, path: str) -> None:
@@ -241,18 +367,24 @@ def plot(s: dict, path: str) -> None:
     except ImportError:
         print("matplotlib is not installed: no curves.png (pip install matplotlib); summary.json has the curves")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    mus = s.get("projected_at_mu") or [8.0]
+    mu = 8.0 if 8.0 in mus else mus[-1]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for name, a in s["arms"].items():
         c = a["curve"]
-        for ax, key in zip(axes, ("tokens", "seconds")):
-            line, = ax.plot(c[key], c["accuracy"], label=name, marker=".")
-            ax.fill_between(c[key], c["min"], c["max"], alpha=0.15, color=line.get_color())
-    for ax, label in zip(axes, ("generated completion tokens", "seconds (generation + training)")):
+        xs = {"tokens": c["tokens"], "seconds": c["seconds"],
+              "projected": [mu * g + t for g, t in zip(c["generated"], c["trained"])]}
+        for ax, key in zip(axes, ("tokens", "seconds", "projected")):
+            line, = ax.plot(xs[key], c["accuracy"], label=name, marker=".")
+            ax.fill_between(xs[key], c["min"], c["max"], alpha=0.12, color=line.get_color())
+    labels = ("generated completion tokens", "measured seconds (generation + training)",
+              f"PROJECTED cost at mu = {mu:g} (units of one trained rollout)")
+    for ax, label in zip(axes, labels):
         ax.axhline(s["target_accuracy"], color="grey", lw=0.8, ls="--")
         ax.set_xlabel(label)
         ax.set_ylabel("held-out greedy accuracy")
         ax.grid(alpha=0.3)
-    axes[0].legend(title="median over seeds; band: min-max")
+    axes[0].legend(title="mean over seeds; band: min-max")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"curves: {path}")

@@ -76,8 +76,11 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     else:
         model.to(device)
         if gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers renamed the method (and its keyword); the old name is deprecated
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()      # so checkpointed blocks see a tensor that needs grad
     # Sampling must follow only the settings rollout.py passes: a checkpoint's shipped defaults
     # (Qwen-Instruct: repetition_penalty, top_k, temperature) would otherwise fill in the unset
@@ -216,9 +219,10 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         (loss * share).backward()
         token_share = n_tokens / total_tokens
         sums["loss"] += loss.item() * share
-        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl", "ref_kl"):
-            if k in m:
-                sums[k] = sums.get(k, 0.0) + m[k] * token_share
+        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl"):      # token means in every normalization
+            sums[k] += m[k] * token_share
+        if "ref_kl" in m:                                                 # normalized like the loss
+            sums["ref_kl"] = sums.get("ref_kl", 0.0) + m["ref_kl"] * share
         sums["entropy"] += (entropy * batch["completion_mask"]).sum().item() / total_tokens
         ratio_max = max(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]

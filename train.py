@@ -57,7 +57,9 @@ class Config:
     buffer_size: int = opt(256, "N: rollouts kept in the FIFO replay buffer (N = R = B, K = 1: on-policy)")
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
     updates_per_round: int = opt(1, "K: optimizer steps per round")
-    max_age: int = opt(0, "drop rollouts older than this many optimizer steps; 0 = no limit")
+    max_age: int = opt(0, "drop rollouts older than this many optimizer steps (checked before every update); "
+                          "0 = no limit")
+    reuse: bool = opt(True, "sampled rollouts stay in the buffer for later batches; --no-reuse: each is used once")
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the freshest "
                                         "correct (reward > 0) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "do not store rollouts with zero advantage (all-equal groups)")
@@ -172,6 +174,12 @@ def config_problem(cfg: Config) -> str | None:
     if cfg.buffer_size < cfg.rollouts_per_round:
         return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
                 f"(prompts_per_round x num_generations = {cfg.rollouts_per_round})")
+    if cfg.num_generations == 1 and cfg.loss != "asymre":
+        return (f"--num-generations 1: a group of one has advantage 0, so the {cfg.loss} loss has no gradient; "
+                "use 2 or more (asymre, whose coefficient r - (V - tau) is tau there, can train with 1)")
+    if cfg.skip_zero_advantage and cfg.loss == "asymre":
+        return ("--skip-zero-advantage with --loss asymre: asymre trains on all-equal groups too (coefficient "
+                "tau, not 0), so the filter would change its objective; use it with tis or ppo")
     if not 0 <= cfg.keep_correct_frac < 1:
         return f"--keep-correct-frac {cfg.keep_correct_frac}: must be in [0, 1)"
     if cfg.beta < 0:
@@ -241,8 +249,8 @@ def save_checkpoint(run_dir: str, model, optimizer, buffer, state: dict, rng: ra
     return final
 
 
-def load_checkpoint(path: str, model, optimizer, buffer, rng: random.Random) -> dict:
-    """Restore weights, optimizer, buffer and RNG streams in place; returns the saved loop state.
+def load_checkpoint(path: str, model, optimizer, buffer, rng: random.Random) -> tuple[dict, dict]:
+    """Restore weights, optimizer, buffer and RNG streams in place; returns the saved loop state and config.
     Only tensors and JSON are read (safetensors, torch.load with weights_only=True): no pickles."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -260,7 +268,7 @@ def load_checkpoint(path: str, model, optimizer, buffer, rng: random.Random) -> 
         saved = json.load(f)
     version, internal, gauss = saved["python_rng"]
     rng.setstate((version, tuple(internal), gauss))
-    return saved["state"]
+    return saved["state"], saved["config"]
 
 
 class StopRequest:
@@ -385,12 +393,17 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
 
     # Everything the loop needs to continue exactly is in `state` (plus weights, optimizer, buffer, RNGs).
     state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
-             "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "pending_updates": 0,
+             "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "eval_reward_errors": 0,
+             "pending_updates": 0, "round_batch_size": B, "lapsed_updates": 0,
              "round_stats": {}, "first_accuracy": None, "last_accuracy": None, "last_eval_round": -1,
              "next_eval_tokens": cfg.eval_every_tokens, "idle_rounds": 0, "metrics_bytes": 0}
     metrics_path = os.path.join(out, "metrics.jsonl")
     if cfg.resume:
-        state = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
+        state, saved_cfg = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
+        state.setdefault("round_batch_size", saved_cfg["batch_size"])      # checkpoints from before these fields
+        state.setdefault("lapsed_updates", 0)
+        state.setdefault("eval_reward_errors", 0)
+        saved_K = saved_cfg["updates_per_round"]
         for group in optimizer.param_groups:        # the optimizer state brought the old lr back
             group["lr"] = cfg.lr
         with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
@@ -399,16 +412,21 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             if r > state["round"]:
                 shutil.rmtree(os.path.join(out, f"checkpoint-{r}"))
         say(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
+        if state["pending_updates"] and (state["round_batch_size"] != B or saved_K != K):
+            # The interrupted round's updates were decided with the saved B and K: they finish as decided.
+            say(f"the interrupted round finishes its {state['pending_updates']} remaining update(s) with the saved "
+                f"B={state['round_batch_size']}; --batch-size {B} / --updates-per-round {K} apply from round "
+                f"{state['round'] + 1}")
     metrics_file = open(metrics_path, "a" if cfg.resume else "w")
     counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors",
-                "idle_rounds")
+                "idle_rounds", "lapsed_updates")
 
     def log(row: dict) -> None:
         metrics_file.write(json.dumps({**{k: state[k] for k in counters}, **row}) + "\n")
         metrics_file.flush()
         state["metrics_bytes"] = metrics_file.tell()
 
-    def reward(prompt: str, completion: str) -> float:
+    def reward(prompt: str, completion: str, counter: str = "reward_errors") -> float:
         try:
             value = float(task.reward(prompt, completion))
             if not math.isfinite(value):
@@ -416,7 +434,7 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             return value
         except Exception as e:
             if cfg.on_reward_error == "zero":
-                state["reward_errors"] += 1
+                state[counter] += 1
                 return 0.0
             raise RewardError(f"the reward function failed on prompt {prompt!r} with completion {completion!r}: "
                               f"{type(e).__name__}: {e} (--on-reward-error zero scores such cases 0)") from e
@@ -424,11 +442,12 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
     def evaluate() -> float:
         model.eval()
         # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
+        eval_reward = lambda prompt, completion: reward(prompt, completion, "eval_reward_errors")
         scores = greedy_rewards(model, tokenizer, eval_prompts,
-                                {"eval_accuracy": reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}},
+                                {"eval_accuracy": eval_reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}},
                                 max_new_tokens=max_new_tokens)
         model.train()
-        log(scores)
+        log({**scores, "eval_reward_errors": state["eval_reward_errors"]})
         acc = scores["eval_accuracy"]
         state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
         if state["first_accuracy"] is None:
@@ -468,22 +487,38 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
                                               policy_version=state["step"])
             model.train()
             state["gen_seconds"] += time.perf_counter() - t0
+            if on_gpu:      # what generation needs: allocated by tensors, and reserved by the allocator
+                gen_peaks = {"gen_peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
+                             "gen_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
+                torch.cuda.reset_peak_memory_stats()
             state["gen_tokens"] += gen["new_tokens"]
             state["round_stats"] = {k: gen[k] for k in ("reward", "rollout_entropy", "zero_adv_frac",
                                                          "completion_len", "truncated_frac")}
+            if on_gpu:
+                state["round_stats"].update(gen_peaks)
             buffer.add(rollouts)
             buffer.drop_stale(state["step"])
             state["pending_updates"] = K if len(buffer) >= B else 0   # until the buffer holds B: generate only
+            state["round_batch_size"] = B
             state["idle_rounds"] += not state["pending_updates"]
         while state["pending_updates"] and stop.signum is None:
+            buffer.drop_stale(state["step"])        # --max-age holds at every update, not only once a round
+            if len(buffer) < state["round_batch_size"]:     # too few rollouts young enough: the rest lapse
+                state["lapsed_updates"] += state["pending_updates"]
+                state["pending_updates"] = 0
+                break
             t0 = time.perf_counter()
-            m = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id,
+            batch = buffer.sample(state["round_batch_size"], remove=not cfg.reuse)
+            m = update_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id,
                             policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
                             epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
                             beta=cfg.beta, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
                             max_grad_norm=cfg.max_grad_norm)
-            if on_gpu:      # peak GPU memory of this round so far: generation and training
-                state["round_stats"]["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            if on_gpu:      # peak GPU memory of training (since generation), and of the round
+                rs = state["round_stats"]
+                rs["train_peak_mem_gb"] = max(rs.get("train_peak_mem_gb", 0.0), torch.cuda.max_memory_allocated() / 2**30)
+                rs["train_reserved_gb"] = max(rs.get("train_reserved_gb", 0.0), torch.cuda.max_memory_reserved() / 2**30)
+                rs["peak_mem_gb"] = max(rs.get("gen_peak_mem_gb", 0.0), rs["train_peak_mem_gb"])
             state["step"] += 1
             state["pending_updates"] -= 1
             state["train_seconds"] += time.perf_counter() - t0
@@ -527,8 +562,19 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
         f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
     if state["skipped_steps"] or state["reward_errors"]:
         say(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
+    generated, trained = state["round"] * R, state["step"] * B
+    if generated and trained and state["train_seconds"] > 0:
+        mu = (state["gen_seconds"] / generated) / (state["train_seconds"] / trained)
+        # An on-policy run (R = B, K = 1) with as many updates generates B rollouts per update.
+        on_policy_tokens = state["gen_tokens"] * trained / generated
+        say(f"measured mu = {mu:.2f} (seconds to generate a rollout / to train on one); each rollout was used "
+            f"{trained / generated:.2f} times on average: an on-policy run with as many updates would have generated "
+            f"~{on_policy_tokens:,.0f} tokens, {on_policy_tokens - state['gen_tokens']:+,.0f} against this run")
     if state["idle_rounds"]:
         say(f"rounds without an update (the buffer held fewer than B={B} rollouts): {state['idle_rounds']}")
+    if state["lapsed_updates"]:
+        say(f"updates skipped because fewer than B rollouts were younger than --max-age {cfg.max_age}: "
+            f"{state['lapsed_updates']}")
     say(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
     return {"first_accuracy": first, "final_accuracy": last, "output_dir": out, **state}
 

@@ -90,12 +90,41 @@ def test_collate_pads_prompts_left_and_completions_right():
 
 def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
     buf = ReplayBuffer(capacity=10, keep_correct_frac=0.3)
-    buf.add([make(i) for i in range(20)])        # make(i).reward = i % 2: odd ids are correct
-    # freshest (1 - 0.3) * 10 = 7: ids 13..19; plus the freshest 3 correct among ids 0..12: 7, 9, 11
-    assert ids(buf.items) == [7, 9, 11, 13, 14, 15, 16, 17, 18, 19]
-    buf.add([make(20), make(21)])
-    # fresh: 15..21; correct among 0..14 still held (7, 9, 11, 13): the freshest 3 are 9, 11, 13
-    assert ids(buf.items) == [9, 11, 13, 15, 16, 17, 18, 19, 20, 21]
+    buf.add([make(i) for i in range(10)])        # make(i).reward = i % 2: odd ids are correct
+    buf.add([make(10), make(11), make(12)])
+    # freshest (1 - 0.3) * 10 = 7: ids 6..12; plus the freshest 3 correct among ids 0..5: 1, 3, 5
+    assert ids(buf.items) == [1, 3, 5, 6, 7, 8, 9, 10, 11, 12]
+    buf.add([make(13), make(14)])
+    # fresh: 8..14; correct among the older 1, 3, 5, 6, 7: the freshest 3 are 3, 5, 7
+    assert ids(buf.items) == [3, 5, 7, 8, 9, 10, 11, 12, 13, 14]
+
+
+def test_positive_bias_retention_stays_full_when_correct_rollouts_are_few():
+    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.5)
+    rollouts = [make(i) for i in range(10)]
+    for r in rollouts:
+        r.reward = float(r.prompt_ids[0] == 102)     # only id 2 is correct
+    buf.add(rollouts)
+    buf.add([make(10, version=1), make(11, version=1)])     # fresh: 7..11 (5 = (1 - 0.5) * 10)
+    # 5 slots for older rollouts: the one correct (2), then the freshest others (6, 5, 4, 3): still full
+    assert ids(buf.items) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def test_positive_bias_retention_never_evicts_a_fresh_rollout_unused():
+    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.5)
+    buf.add([make(i) for i in range(10)])
+    buf.add([make(i) for i in range(10, 18)])        # 8 new > (1 - 0.5) * 10: all 8 stay
+    # 2 slots left: the freshest correct among 0..9: 7 and 9
+    assert ids(buf.items) == [7, 9] + list(range(10, 18))
+
+
+def test_sample_with_remove_uses_each_rollout_once():
+    buf = ReplayBuffer(capacity=10, seed=3)
+    buf.add([make(i) for i in range(7)])
+    first = buf.sample(4, remove=True)
+    assert len(buf) == 3 and not set(ids(first)) & set(ids(buf.items))
+    second = buf.sample(3, remove=True)
+    assert sorted(ids(first) + ids(second)) == list(range(7)) and len(buf) == 0
 
 
 def test_skip_zero_advantage_stores_only_informative_rollouts():

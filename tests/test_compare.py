@@ -14,12 +14,60 @@ def test_break_even_mu_by_hand():
     assert compare.break_even_mu(1000, 1000, 1200, 900) is None      # generates more: mu cannot help
 
 
-def test_first_reach_needs_the_target_held_not_one_lucky_eval():
-    xs = [10, 20, 30, 40, 50]
-    assert compare.first_reach(xs, [0.1, 0.5, 0.05, 0.3, 0.3], 0.3) == 40     # 20: mean(0.5, 0.05, 0.3) < 0.3
-    assert compare.first_reach(xs, [0.1, 0.3, 0.3, 0.3, 0.2], 0.3) == 20
-    assert compare.first_reach(xs, [0.1, 0.1, 0.1, 0.1, 0.3], 0.3) == 50      # the last point alone at the end
-    assert compare.first_reach(xs, [0.1, 0.2, 0.2, 0.2, 0.2], 0.3) is None
+def test_reach_needs_the_target_held_not_one_lucky_eval():
+    target = 0.464
+    # a lucky last eval: the median of the last three is 0.40
+    assert compare.reach_index([0.30, 0.40, 0.40, 0.40, 0.40, 0.47], target) is None
+    # a lucky early eval, everything after it below
+    assert compare.reach_index([0.30, 0.60, 0.40, 0.40, 0.30, 0.30], target) is None
+    # held from index 3 (its neighbourhood 0.47, 0.30, 0.50 has median 0.47: the 0.30 is the outlier);
+    # index 2's neighbourhood 0.40, 0.47, 0.30 has median 0.40
+    assert compare.reach_index([0.30, 0.40, 0.47, 0.30, 0.50, 0.48, 0.47], target) == 3
+    assert compare.reach_index([0.1, 0.2, 0.5, 0.5, 0.5, 0.5], 0.5) == 2
+    # reached, then lost: not held, so not reached
+    assert compare.reach_index([0.1, 0.5, 0.5, 0.5, 0.2, 0.2], 0.5) is None
+    # a curve always reaches its own final accuracy (the median of its last three evals)
+    for accs in ([0.1, 0.3, 0.2, 0.5, 0.4, 0.45], [0.5, 0.4, 0.3, 0.2, 0.1, 0.05], [0.2, 0.2, 0.2]):
+        assert compare.reach_index(accs, compare.final_accuracy(accs)) is not None
+
+
+def run_of(accs, generated, trained, tokens=None, entropy=0.5):
+    n = len(accs)
+    return {"accuracy": accs, "generated": generated, "trained": trained,
+            "tokens": tokens or [10 * g for g in generated], "seconds": [float(g + t) for g, t in zip(generated, trained)],
+            "entropy": entropy}
+
+
+def test_compare_arm_uses_exact_counts_and_projects_by_hand():
+    grid = [0, 1, 2, 3, 4, 5]
+    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5], [100 * k for k in grid], [100 * k for k in grid], entropy=0.6)]
+    # reaches the on-policy target (0.5) at index 2 instead of 4, with half the rollouts generated per eval
+    # and the same number trained
+    rep = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5], [50 * k for k in grid], [100 * k for k in grid], entropy=0.5)]
+    fig = compare.compare_arm(rep, on, [1.0, 8.0])
+    # to the target: on-policy 400 generated + 400 trained, replay 100 generated + 200 trained
+    assert fig["token_ratio"] == pytest.approx(100 / 400)
+    assert fig["projected"][8.0] == pytest.approx((8 * 100 + 200) / (8 * 400 + 400))
+    assert fig["projected"][1.0] == pytest.approx((100 + 200) / (400 + 400))
+    assert fig["accuracy_diff"] == pytest.approx(0.0) and fig["entropy_diff"] == pytest.approx(-0.1)
+    never = [run_of([0.1] * 6, [50 * k for k in grid], [100 * k for k in grid])]
+    assert compare.compare_arm(never, on, [8.0])["token_ratio"] == float("inf")
+
+
+def test_bootstrap_interval_covers_the_spread_of_seeds_and_is_exact_without_spread():
+    grid = [0, 1, 2, 3, 4, 5]
+    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5], [100 * k for k in grid], [100 * k for k in grid])] * 3
+    rep = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5], [50 * k for k in grid], [100 * k for k in grid])] * 3
+    ci = compare.bootstrap(rep, on, [8.0], n=200)
+    assert ci["token_ratio"] == [pytest.approx(0.25), pytest.approx(0.25)] and ci["not_reached_frac"] == 0
+    noisy = [run_of([0.1, 0.1 + d, 0.5 + d, 0.5 + d, 0.5 + d, 0.5 + d], [50 * k for k in grid],
+                    [100 * k for k in grid]) for d in (-0.2, 0.0, 0.1)]
+    ci = compare.bootstrap(noisy, on, [8.0], n=400)
+    lo, hi = ci["accuracy_diff"]
+    assert -0.2 <= lo < 0 < hi <= 0.1 + 1e-9                 # within noise: the interval spans 0
+    assert 0 < ci["not_reached_frac"] < 1                    # resamples of the -0.2 seed alone never reach
+    assert compare.verdict([0.4, 0.9], [-0.01, 0.02]) == "fewer tokens; final accuracy within noise"
+    assert compare.verdict([0.8, 1.3], [0.01, 0.02]) == "tokens within noise; higher final accuracy"
 
 
 def test_arms_follow_their_definitions():
@@ -31,6 +79,10 @@ def test_arms_follow_their_definitions():
     assert (int(rep["--prompts-per-round"]) * 8, int(rep["--buffer-size"]), int(rep["--batch-size"])) == (128, 256, 256)
     assert (int(ctl["--prompts-per-round"]) * 8, int(ctl["--buffer-size"]), int(ctl["--batch-size"])) == (128, 128, 128)
     assert compare.arm_flags("replay_pbr", 256, 2, 8, 0.3)[-2:] == ["--keep-correct-frac", "0.3"]
+    cn = compare.arm_flags("control_nonzero", 256, 2, 8, 0.3)
+    # filtered on-policy: R = B/y per round, each kept rollout used once, N leaves room for a round's leftovers
+    assert parse(cn) == {"--prompts-per-round": "16", "--buffer-size": "384", "--batch-size": "256"}
+    assert cn[-2:] == ["--skip-zero-advantage", "--no-reuse"]
 
 
 def test_quick_comparison_writes_the_summary_and_the_plot(tmp_path, tiny_path):
@@ -48,11 +100,15 @@ def test_quick_comparison_writes_the_summary_and_the_plot(tmp_path, tiny_path):
             rows = [json.loads(l) for l in open(tmp_path / name / f"seed{seed}" / "metrics.jsonl")]
             assert rows[-1]["gen_tokens"] >= 30_000                   # the same token budget for every run
             if name == "on_policy":
-                finals.append(rows[-1]["eval_accuracy"])
-    assert on_disk["target_accuracy"] == pytest.approx(sum(finals) / 2)   # median of 2 = their mean
+                finals.append(compare.read_run(str(tmp_path / name / f"seed{seed}"), on_disk["grid_tokens"])["accuracy"])
+    assert on_disk["target_accuracy"] == pytest.approx(compare.final_accuracy(
+        [sum(x) / 2 for x in zip(*finals)]))                                 # the mean curve's last three
     assert on_disk["arms"]["on_policy"]["tokens_to_target"] is not None
-    for key in ("token_ratio", "time_ratio"):
-        assert on_disk[key] is None or on_disk[key] > 0
+    for name in ("replay", "control"):
+        arm = on_disk["arms"][name]
+        lo, hi = arm["accuracy_diff_ci"]
+        assert lo <= hi and set(arm["projected_time_ratio"]) == {f"{m:g}" for m in on_disk["projected_at_mu"]}
+        assert on_disk["projected_at_mu"][1:] == [8.0, 27.0] and arm["verdict"]
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
