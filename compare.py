@@ -360,34 +360,10 @@ def print_table(s: dict) -> None:
 
 
 def plot(s: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no curves.png (pip install matplotlib); summary.json has the curves")
-        return
-    mus = s.get("projected_at_mu") or [8.0]
-    mu = 8.0 if 8.0 in mus else mus[-1]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for name, a in s["arms"].items():
-        c = a["curve"]
-        xs = {"tokens": c["tokens"], "seconds": c["seconds"],
-              "projected": [mu * g + t for g, t in zip(c["generated"], c["trained"])]}
-        for ax, key in zip(axes, ("tokens", "seconds", "projected")):
-            line, = ax.plot(xs[key], c["accuracy"], label=name, marker=".")
-            ax.fill_between(xs[key], c["min"], c["max"], alpha=0.12, color=line.get_color())
-    labels = ("generated completion tokens", "measured seconds (generation + training)",
-              f"PROJECTED cost at mu = {mu:g} (units of one trained rollout)")
-    for ax, label in zip(axes, labels):
-        ax.axhline(s["target_accuracy"], color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(label)
-        ax.set_ylabel("held-out greedy accuracy")
-        ax.grid(alpha=0.3)
-    axes[0].legend(title="mean over seeds; band: min-max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"curves: {path}")
+    """curves.png: each arm's accuracy against tokens, seconds and a projected cost (drawn by plot.py)."""
+    from plot import plot_arms      # here, not at the top: this function's name would shadow the module
+    if plot_arms(s, path) is not None:
+        print(f"curves: {path}")
 
 
 if __name__ == "__main__":

@@ -192,12 +192,17 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
     for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
     A step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
-    and the optimizer state stay as they were.
+    and the optimizer state stay as they were. Under torchrun each process passes its share of the
+    batch; the step and the metrics are those of the whole batch, the same on every process.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
     chunks = [rollouts[i:i + micro] for i in range(0, len(rollouts), micro)]
-    total_tokens = sum(len(r.completion_ids) for r in rollouts)
+    # Several processes (torchrun): each holds part of the batch. The normalizers are the whole
+    # batch's token and sequence counts, and the gradients are summed over the processes below.
+    counts = sum_over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts)],
+                                             dtype=torch.float64))
+    total_tokens, total_sequences = counts.tolist()
     sums = {"loss": 0.0, "is_ratio_mean": 0.0, "is_truncated_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
     ratio_max = 0.0
     optimizer.zero_grad(set_to_none=True)
@@ -215,7 +220,7 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
                               loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
                               ref_logp=ref_logp, beta=beta)
         n_tokens = batch["completion_mask"].sum().item()
-        share = n_tokens / total_tokens if normalization == "token_mean" else len(chunk) / len(rollouts)
+        share = n_tokens / total_tokens if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share).backward()
         token_share = n_tokens / total_tokens
         sums["loss"] += loss.item() * share
@@ -226,6 +231,13 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         sums["entropy"] += (entropy * batch["completion_mask"]).sum().item() / total_tokens
         ratio_max = max(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if torch.distributed.is_initialized():      # data parallel: the whole batch's gradient, on every process
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = sum_over_processes(torch.cat([g.flatten() for g in grads]))
+        for p, g in zip(params, flat.split([g.numel() for g in grads])):
+            p.grad = g.view_as(p).clone()
+        sums = dict(zip(sums, sum_over_processes(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
+        ratio_max = max_over_processes(ratio_max)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
     skipped = not (math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item())
@@ -234,6 +246,27 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     else:
         optimizer.step()
     ages = [policy_version - r.policy_version for r in rollouts]
+    age_sum, uses_sum = sum_over_processes(torch.tensor([float(sum(ages)), float(sum(r.uses for r in rollouts))],
+                                                        dtype=torch.float64)).tolist()
     return {**sums, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm.item(),
-            "age_mean": sum(ages) / len(ages), "age_max": max(ages),
-            "uses_mean": sum(r.uses for r in rollouts) / len(rollouts)}
+            "age_mean": age_sum / total_sequences, "age_max": max_over_processes(max(ages)),
+            "uses_mean": uses_sum / total_sequences}
+
+
+def sum_over_processes(t: torch.Tensor) -> torch.Tensor:
+    """t summed over the processes of a torchrun job (all_reduce), on t's device; t itself in one process."""
+    if not torch.distributed.is_initialized():
+        return t
+    device = t.device
+    t = t.to("cuda") if torch.distributed.get_backend() == "nccl" else t.clone()
+    torch.distributed.all_reduce(t)
+    return t.to(device)
+
+
+def max_over_processes(x: float) -> float:
+    """x's maximum over the processes of a torchrun job; x itself in one process."""
+    if not torch.distributed.is_initialized():
+        return x
+    t = torch.tensor([float(x)], device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.item()

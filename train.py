@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -48,7 +49,8 @@ class Config:
     output_dir: str = opt("", "run folder for metrics.jsonl, config.json and adapter/ (default runs/<time>)")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
-    prompts_per_round: int = opt(32, "prompts sampled per round")
+    prompts_per_round: int = opt(16, "prompts sampled per round (16 x 8 = 128 new rollouts for B = N = 256: "
+                                     "the paper's replay, each rollout used twice; 32: on-policy)")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
@@ -84,6 +86,9 @@ class Config:
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
     progress: bool = opt(True, "show the progress bar and the start-up summary")
+    plot: bool = opt(True, "draw curves.png in the run folder at each eval and at the end (needs matplotlib)")
+    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run folder",
+                         choices=("none", "tensorboard"))
     dtype: str = opt("auto", "weights and compute: auto = bfloat16 on a GPU that supports it, else float32",
                      choices=("auto", "float32", "bfloat16"))
     load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4, double quantization)")
@@ -138,8 +143,17 @@ def parse_config(argv=None) -> Config:
         checkpoint = find_checkpoint(cfg.resume)
         if checkpoint is None:
             parser.error(f"--resume {cfg.resume}: no checkpoint there (a checkpoint-<round> folder with state.json)")
+        if checkpoint != cfg.resume.rstrip("/"):        # a run folder: the newest checkpoint that reads back
+            checkpoint = newest_loadable_checkpoint(cfg.resume, parser)
+        elif problem := checkpoint_problem(checkpoint):
+            parser.error(f"--resume {checkpoint}: damaged checkpoint, {problem}")
         with open(os.path.join(checkpoint, "state.json")) as f:
-            saved = json.load(f)["config"]
+            saved_all = json.load(f)
+        saved = saved_all["config"]
+        saved_world = saved_all["state"].get("world_size", 1)
+        if saved_world != world_size():
+            parser.error(f"--resume {checkpoint}: saved by {saved_world} process(es), resumed with {world_size()}: "
+                         f"each process holds its own buffer shard; resume with {saved_world}")
         given = vars(build_parser(explicit_only=True).parse_args(argv))
         changed = [f"--{k.replace('_', '-')} (saved {saved[k]!r}, given {given[k]!r})"
                    for k in RESUME_FIXED if k in given and given[k] != saved[k]]
@@ -169,6 +183,13 @@ def config_problem(cfg: Config) -> str | None:
         return f"--task {cfg.task}: unknown; expected {', '.join(tasks.TASK_NAMES)} or a path to a .jsonl file"
     if cfg.task.endswith(".jsonl") and not os.path.isfile(cfg.task):
         return f"--task {cfg.task}: no such file"
+    W = world_size()
+    for name in ("prompts_per_round", "batch_size", "buffer_size"):
+        if getattr(cfg, name) % W:
+            return (f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be a multiple of the number of "
+                    f"processes ({W}): each generates, keeps and samples its share")
+    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        return "--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)"
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
     if cfg.buffer_size < cfg.rollouts_per_round:
@@ -207,7 +228,42 @@ def pick_device(name: str) -> str:
     return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
+# ---- several processes (torchrun): each generates, keeps and samples its share ------------------
+# Data parallel over W processes: R, N and B stay global; each rank generates R/W rollouts from
+# its share of the round's prompts (whole groups, so advantages are computed where the group
+# lives), keeps a buffer shard of N/W and samples B/W per update; update_step sums the gradients
+# over the ranks. One process (plain `python train.py`) never touches torch.distributed.
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed() -> int:
+    """This process's rank; joins the process group under torchrun (nccl on GPUs, gloo on CPU)."""
+    if world_size() == 1:
+        return 0
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
+def all_ranks(values: list[float], op: str = "sum") -> list[float]:
+    """values summed (or their min / max) over the ranks; unchanged in one process."""
+    if world_size() == 1:
+        return values
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
 # ---- checkpoints: checkpoint-<round>/{adapter/, optimizer.pt, buffer.safetensors, rng.safetensors, state.json}
+# (with W processes, rank r > 0 adds buffer-rank<r>.safetensors and rng-rank<r>.safetensors)
 def checkpoint_rounds(run_dir: str) -> list[int]:
     """Rounds of the checkpoint-<round> folders in a run folder, in order (not the hidden temporary ones)."""
     return sorted(int(m.group(1)) for d in os.listdir(run_dir) if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
@@ -215,59 +271,104 @@ def checkpoint_rounds(run_dir: str) -> list[int]:
 
 def find_checkpoint(path: str) -> str | None:
     """path itself if it is a checkpoint, else the newest complete checkpoint-<round> inside it."""
+    found = checkpoints_newest_first(path)
+    return found[0] if found else None
+
+
+def checkpoints_newest_first(path: str) -> list[str]:
     if os.path.isfile(os.path.join(path, "state.json")):
-        return path
+        return [path.rstrip("/")]
     if not os.path.isdir(path):
-        return None
-    rounds = [r for r in checkpoint_rounds(path)
-              if os.path.isfile(os.path.join(path, f"checkpoint-{r}", "state.json"))]
-    return os.path.join(path, f"checkpoint-{rounds[-1]}") if rounds else None
+        return []
+    return [os.path.join(path, f"checkpoint-{r}") for r in reversed(checkpoint_rounds(path))
+            if os.path.isfile(os.path.join(path, f"checkpoint-{r}", "state.json"))]
 
 
-def save_checkpoint(run_dir: str, model, optimizer, buffer, state: dict, rng: random.Random, cfg: Config) -> str:
+def shard_name(kind: str, rank: int) -> str:
+    return f"{kind}.safetensors" if rank == 0 else f"{kind}-rank{rank}.safetensors"
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """The first file of a checkpoint that does not read back, as 'file (reason)'; None if all do."""
+    from safetensors.torch import load_file
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            world = json.load(f)["state"].get("world_size", 1)
+    except (OSError, ValueError, KeyError) as e:
+        return f"state.json ({type(e).__name__}: {e})"
+    files = ["adapter/adapter_model.safetensors"] + [shard_name(k, r) for r in range(world) for k in ("buffer", "rng")]
+    for name in files + ["optimizer.pt"]:
+        try:
+            if name.endswith(".pt"):
+                torch.load(os.path.join(path, name), map_location="cpu", weights_only=True)
+            else:
+                load_file(os.path.join(path, name))
+        except Exception as e:          # truncated, missing, not a tensor file: all mean "cannot resume from it"
+            return f"{name} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+    return None
+
+
+def newest_loadable_checkpoint(run_dir: str, parser) -> str:
+    """The newest checkpoint of a run folder whose files all read back; says which ones were skipped."""
+    for checkpoint in checkpoints_newest_first(run_dir):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        print(f"skipping {checkpoint}: damaged, {problem}", file=sys.stderr)
+    parser.error(f"--resume {run_dir}: no checkpoint there reads back (all damaged)")
+
+
+def save_checkpoint(run: Run) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact."""
     from safetensors.torch import save_file
 
-    final = os.path.join(run_dir, f"checkpoint-{state['round']}")
-    tmp = os.path.join(run_dir, f".tmp-checkpoint-{state['round']}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    model.save_pretrained(os.path.join(tmp, "adapter"))
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    save_file(buffer.state_dict(), os.path.join(tmp, "buffer.safetensors"))
+    state, out = run.state, run.out
+    final = os.path.join(out, f"checkpoint-{state['round']}")
+    tmp = os.path.join(out, f".tmp-checkpoint-{state['round']}")
+    if run.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    barrier()
+    save_file(run.buffer.state_dict(), os.path.join(tmp, shard_name("buffer", run.rank)))
     rng_state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng_state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
-    save_file(rng_state, os.path.join(tmp, "rng.safetensors"))
-    with open(os.path.join(tmp, "state.json"), "w") as f:
-        json.dump({"state": state, "python_rng": rng.getstate(), "config": dataclasses.asdict(cfg)}, f)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for r in checkpoint_rounds(run_dir)[:-cfg.keep_checkpoints]:
-        shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
+    save_file(rng_state, os.path.join(tmp, shard_name("rng", run.rank)))
+    barrier()
+    if run.rank == 0:           # the weights and the optimizer state are the same on every rank
+        run.model.save_pretrained(os.path.join(tmp, "adapter"))
+        torch.save(run.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"state": state, "python_rng": run.rng.getstate(), "config": dataclasses.asdict(run.cfg)}, f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for r in checkpoint_rounds(out)[:-run.cfg.keep_checkpoints]:
+            shutil.rmtree(os.path.join(out, f"checkpoint-{r}"), ignore_errors=True)
+    barrier()
     return final
 
 
-def load_checkpoint(path: str, model, optimizer, buffer, rng: random.Random) -> tuple[dict, dict]:
+def load_checkpoint(path: str, run: Run) -> tuple[dict, dict]:
     """Restore weights, optimizer, buffer and RNG streams in place; returns the saved loop state and config.
     Only tensors and JSON are read (safetensors, torch.load with weights_only=True): no pickles."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    device = next(model.parameters()).device
-    set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter", "adapter_model.safetensors"),
-                                               device=str(device)))
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location=device, weights_only=True))
-    buffer.load_state_dict(load_file(os.path.join(path, "buffer.safetensors")))
-    rng_state = load_file(os.path.join(path, "rng.safetensors"))
+    device = next(run.model.parameters()).device
+    set_peft_model_state_dict(run.model, load_file(os.path.join(path, "adapter", "adapter_model.safetensors"),
+                                                   device=str(device)))
+    run.optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location=device,
+                                             weights_only=True))
+    run.buffer.load_state_dict(load_file(os.path.join(path, shard_name("buffer", run.rank))))
+    rng_state = load_file(os.path.join(path, shard_name("rng", run.rank)))
     torch.set_rng_state(rng_state["torch"])
     if "cuda" in rng_state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(list(rng_state["cuda"]))
     with open(os.path.join(path, "state.json")) as f:
         saved = json.load(f)
     version, internal, gauss = saved["python_rng"]
-    rng.setstate((version, tuple(internal), gauss))
+    run.rng.setstate((version, tuple(internal), gauss))
     return saved["state"], saved["config"]
 
 
@@ -338,22 +439,77 @@ def main(argv=None) -> dict:
         stop.restore()
 
 
+# ---- the loop -------------------------------------------------------------------------------
 def train(cfg: Config, task, stop: StopRequest) -> dict:
+    """The loop of the README: each round generate, add to the buffer, K updates; eval, save."""
+    run = setup(cfg, task)
+    state = run.state
+    if state["first_accuracy"] is None:
+        evaluate(run)                               # step 0: before any update
+    while state["pending_updates"] or not budget_spent(run):
+        if not state["pending_updates"]:
+            generate_round(run)                     # R new rollouts into the buffer; decides the round's K updates
+        while state["pending_updates"] and not stopping(run, stop):
+            update(run)                             # one optimizer step on B rollouts sampled from the buffer
+        if stopping(run, stop) and state["pending_updates"]:
+            save_and_exit(run, stop)                # mid-round: its remaining updates run after --resume
+        end_of_round(run)                           # eval, progress bar, checkpoint
+        if stopping(run, stop):
+            save_and_exit(run, stop)
+    return finish(run)
+
+
+@dataclass
+class Run:
+    """What the loop works on, in one place. ``state`` holds the counters and everything else a
+    checkpoint needs besides the weights, the optimizer, the buffer and the RNG streams (JSON)."""
+    cfg: Config
+    task: object                    # tasks.Task
+    model: object                   # the PEFT model
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    buffer: object                  # buffer.ReplayBuffer: this process's shard
+    rng: random.Random              # the prompt stream (the same on every rank)
+    out: str                        # the run folder
+    state: dict
+    rank: int = 0
+    world: int = 1
+    stop_signum: int | None = None
+    metrics_file: object = None
+    bar: object = None
+    board: object = None            # TensorBoard writer, with --report-to tensorboard
+
+    @property
+    def say(self):
+        return print if self.cfg.progress and self.rank == 0 else (lambda *args, **kwargs: None)
+
+
+COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors",
+            "idle_rounds", "lapsed_updates")
+
+
+def setup(cfg: Config, task) -> Run:
+    """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
+    import demo
     from buffer import ReplayBuffer
-    from replay_rl import load_policy, update_step
-    from rollout import generate_rollouts, greedy_rewards
-    from tqdm import tqdm
+    from replay_rl import load_policy
 
+    rank, W = init_distributed(), world_size()
     out = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=2)
-
     device = pick_device(cfg.device)
-    say = print if cfg.progress else (lambda *args, **kwargs: None)
-    model_path = tasks.tiny_model(task, cfg.warm_start_steps) if cfg.model == "tiny" else cfg.model
-    torch.manual_seed(cfg.seed)                   # after the warm start, which may have used the RNG
-    rng = random.Random(cfg.seed)                 # the prompt stream
+    if W > 1 and device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', rank)}"
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump({**dataclasses.asdict(cfg), "world_size": W}, f, indent=2)
+    model_path = cfg.model
+    if cfg.model == "tiny":                       # built once (rank 0), then loaded from the cache
+        if rank == 0:
+            model_path = demo.tiny_model(task, cfg.warm_start_steps)
+        barrier()
+        model_path = demo.tiny_model(task, cfg.warm_start_steps)
+    torch.manual_seed(cfg.seed + rank)            # after the warm start, which may have used the RNG
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):
         tasks.use_local_cache_if_offline()
@@ -372,211 +528,298 @@ def train(cfg: Config, task, stop: StopRequest) -> dict:
             system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
     elif cfg.system_prompt:
         sys.exit("error: --system-prompt needs a tokenizer with a chat template")
-    on_gpu = device.startswith("cuda")
     params = [p for p in model.parameters() if p.requires_grad]
+    if W > 1:       # every rank starts from rank 0's adapter (the LoRA init is random), as DDP does
+        for p in params:
+            torch.distributed.broadcast(p.data, src=0)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    buffer = ReplayBuffer(cfg.buffer_size, max_age=cfg.max_age or None, seed=cfg.seed,
+    buffer = ReplayBuffer(cfg.buffer_size // W, max_age=cfg.max_age or None, seed=cfg.seed + rank,
                           keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage)
-    max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
-    eval_prompts = task.eval_prompts[:cfg.eval_prompts]
-
     R, N, B, K = cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size, cfg.updates_per_round
-    n_total = sum(p.numel() for p in model.parameters())
-    say(f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
-        f"{', 4-bit' if cfg.load_in_4bit else ''}): {n_total / 1e6:.2f}M parameters, "
-        f"{sum(p.numel() for p in params) / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
-    say(f"task {task.name}: {len(task.train_prompts)} training prompts, {len(eval_prompts)} held-out eval prompts")
-    say(f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x {cfg.num_generations}); "
-        f"K={K} updates of B={B} from a buffer of N={N}")
-    say(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
-        f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}")
-
-    # Everything the loop needs to continue exactly is in `state` (plus weights, optimizer, buffer, RNGs).
     state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
              "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "eval_reward_errors": 0,
              "pending_updates": 0, "round_batch_size": B, "lapsed_updates": 0,
              "round_stats": {}, "first_accuracy": None, "last_accuracy": None, "last_eval_round": -1,
-             "next_eval_tokens": cfg.eval_every_tokens, "idle_rounds": 0, "metrics_bytes": 0}
+             "next_eval_tokens": cfg.eval_every_tokens, "idle_rounds": 0, "metrics_bytes": 0, "world_size": W}
+    run = Run(cfg, task, model, tokenizer, optimizer, buffer, random.Random(cfg.seed), out, state, rank, W)
+
+    say = run.say
+    n_total = sum(p.numel() for p in model.parameters())
+    say(f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
+        f"{', 4-bit' if cfg.load_in_4bit else ''}): {n_total / 1e6:.2f}M parameters, "
+        f"{sum(p.numel() for p in params) / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
+    say(f"task {task.name}: {len(task.train_prompts)} training prompts, "
+        f"{min(cfg.eval_prompts, len(task.eval_prompts))} held-out eval prompts")
+    say(f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x {cfg.num_generations}); "
+        f"K={K} updates of B={B} from a buffer of N={N}" + (f"; {W} processes, each 1/{W} of R, N and B" if W > 1
+                                                           else ""))
+    say(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
+        f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}" + ("" if cfg.reuse else "; each rollout used once"))
+    if K * B > R and cfg.reuse:
+        say("this is experience replay: each rollout is used about K*B/R times, the rollout ages and the "
+            "importance ratios in the metrics show how stale the replayed data is")
+
     metrics_path = os.path.join(out, "metrics.jsonl")
     if cfg.resume:
-        state, saved_cfg = load_checkpoint(cfg.resume, model, optimizer, buffer, rng)
-        state.setdefault("round_batch_size", saved_cfg["batch_size"])      # checkpoints from before these fields
-        state.setdefault("lapsed_updates", 0)
-        state.setdefault("eval_reward_errors", 0)
-        saved_K = saved_cfg["updates_per_round"]
+        run.state, saved_cfg = load_checkpoint(cfg.resume, run)
+        resumed = run.state
+        resumed.setdefault("round_batch_size", saved_cfg["batch_size"])     # checkpoints from before these fields
+        for key in ("lapsed_updates", "eval_reward_errors"):
+            resumed.setdefault(key, 0)
         for group in optimizer.param_groups:        # the optimizer state brought the old lr back
             group["lr"] = cfg.lr
-        with open(metrics_path, "a") as f:          # drop lines written after the checkpoint
-            f.truncate(state["metrics_bytes"])
-        for r in checkpoint_rounds(out):            # and later checkpoints: that timeline is abandoned
-            if r > state["round"]:
-                shutil.rmtree(os.path.join(out, f"checkpoint-{r}"))
-        say(f"resumed from {cfg.resume}: round {state['round']}, step {state['step']}")
-        if state["pending_updates"] and (state["round_batch_size"] != B or saved_K != K):
+        if rank == 0:
+            with open(metrics_path, "a") as f:      # drop lines written after the checkpoint
+                f.truncate(resumed["metrics_bytes"])
+            for r in checkpoint_rounds(out):        # and later checkpoints: that timeline is abandoned
+                if r > resumed["round"]:
+                    shutil.rmtree(os.path.join(out, f"checkpoint-{r}"))
+        say(f"resumed from {cfg.resume}: round {resumed['round']}, step {resumed['step']}")
+        if resumed["pending_updates"] and (resumed["round_batch_size"] != B or saved_cfg["updates_per_round"] != K):
             # The interrupted round's updates were decided with the saved B and K: they finish as decided.
-            say(f"the interrupted round finishes its {state['pending_updates']} remaining update(s) with the saved "
-                f"B={state['round_batch_size']}; --batch-size {B} / --updates-per-round {K} apply from round "
-                f"{state['round'] + 1}")
-    metrics_file = open(metrics_path, "a" if cfg.resume else "w")
-    counters = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps", "reward_errors",
-                "idle_rounds", "lapsed_updates")
+            say(f"the interrupted round finishes its {resumed['pending_updates']} remaining update(s) with the saved "
+                f"B={resumed['round_batch_size']}; --batch-size {B} / --updates-per-round {K} apply from round "
+                f"{resumed['round'] + 1}")
+    if rank == 0:
+        run.metrics_file = open(metrics_path, "a" if cfg.resume else "w")
+        if cfg.report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            run.board = SummaryWriter(log_dir=out, purge_step=run.state["step"] + 1 if cfg.resume else None)
+        if cfg.plot and importlib.util.find_spec("matplotlib") is None:
+            say("matplotlib is not installed: no curves.png (pip install matplotlib; or python plot.py RUN later)")
+    from tqdm import tqdm
+    run.bar = tqdm(total=cfg.max_rounds, initial=run.state["round"], desc="rounds", dynamic_ncols=True,
+                   disable=not cfg.progress or rank != 0)
+    return run
 
-    def log(row: dict) -> None:
-        metrics_file.write(json.dumps({**{k: state[k] for k in counters}, **row}) + "\n")
-        metrics_file.flush()
-        state["metrics_bytes"] = metrics_file.tell()
 
-    def reward(prompt: str, completion: str, counter: str = "reward_errors") -> float:
-        try:
-            value = float(task.reward(prompt, completion))
-            if not math.isfinite(value):
-                raise ValueError(f"non-finite reward {value}")
-            return value
-        except Exception as e:
-            if cfg.on_reward_error == "zero":
-                state[counter] += 1
-                return 0.0
-            raise RewardError(f"the reward function failed on prompt {prompt!r} with completion {completion!r}: "
-                              f"{type(e).__name__}: {e} (--on-reward-error zero scores such cases 0)") from e
+def generate_round(run: Run) -> None:
+    """A new round: R rollouts from the current policy into the buffer; decides the round's updates."""
+    from rollout import generate_rollouts
 
-    def evaluate() -> float:
-        model.eval()
-        # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
-        eval_reward = lambda prompt, completion: reward(prompt, completion, "eval_reward_errors")
-        scores = greedy_rewards(model, tokenizer, eval_prompts,
-                                {"eval_accuracy": eval_reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}},
-                                max_new_tokens=max_new_tokens)
-        model.train()
-        log({**scores, "eval_reward_errors": state["eval_reward_errors"]})
-        acc = scores["eval_accuracy"]
-        state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
-        if state["first_accuracy"] is None:
-            state["first_accuracy"] = acc
-        return acc
+    cfg, state, model = run.cfg, run.state, run.model
+    state["round"] += 1
+    # Every rank draws the same prompts and takes its share: a prompt's G samples stay on one rank.
+    prompts = run.rng.sample(run.task.train_prompts, cfg.prompts_per_round)[run.rank::run.world]
+    on_gpu = next(model.parameters()).is_cuda
+    t0 = time.perf_counter()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    model.eval()
+    rollouts, gen = generate_rollouts(model, run.tokenizer, prompts, lambda p, c: score(run, p, c),
+                                      num_generations=cfg.num_generations,
+                                      max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
+                                      temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state["step"])
+    model.train()
+    state["gen_seconds"] += time.perf_counter() - t0
+    # the round's figures over all ranks (each generated R/W rollouts from P/W prompts)
+    n, groups, tokens = len(rollouts), len(prompts), gen["new_tokens"]
+    sums = all_ranks([gen["reward"] * n, gen["zero_adv_frac"] * groups, gen["rollout_entropy"] * tokens,
+                      gen["completion_len"] * n, gen["truncated_frac"] * n, tokens, n, groups])
+    state["gen_tokens"] += int(sums[5])
+    state["round_stats"] = {"reward": sums[0] / sums[6], "zero_adv_frac": sums[1] / sums[7],
+                            "rollout_entropy": sums[2] / max(sums[5], 1), "completion_len": sums[3] / sums[6],
+                            "truncated_frac": sums[4] / sums[6]}
+    if on_gpu:      # what generation needs: allocated by tensors, and reserved by the allocator
+        state["round_stats"].update(gen_peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30,
+                                    gen_reserved_gb=torch.cuda.max_memory_reserved() / 2**30)
+        torch.cuda.reset_peak_memory_stats()
+    run.buffer.add(rollouts)
+    run.buffer.drop_stale(state["step"])
+    # Until every shard holds its share of B: generate only.
+    full = all_ranks([float(len(run.buffer) >= cfg.batch_size // run.world)], "min")[0]
+    state["pending_updates"] = cfg.updates_per_round if full else 0
+    state["round_batch_size"] = cfg.batch_size
+    state["idle_rounds"] += not state["pending_updates"]
 
-    def checkpoint() -> str:
-        return save_checkpoint(out, model, optimizer, buffer, state, rng, cfg)
 
+def update(run: Run) -> None:
+    """One optimizer step on B rollouts sampled from the buffer (B/W from each rank's shard)."""
+    from replay_rl import update_step
+
+    cfg, state = run.cfg, run.state
+    local_batch = state["round_batch_size"] // run.world
+    run.buffer.drop_stale(state["step"])            # --max-age holds at every update, not only once a round
+    if not all_ranks([float(len(run.buffer) >= local_batch)], "min")[0]:
+        state["lapsed_updates"] += state["pending_updates"]     # too few rollouts young enough: the rest lapse
+        state["pending_updates"] = 0
+        return
+    t0 = time.perf_counter()
+    batch = run.buffer.sample(local_batch, remove=not cfg.reuse)
+    m = update_step(run.model, run.optimizer, batch, pad_id=run.tokenizer.pad_token_id, policy_version=state["step"],
+                    loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon, normalization=cfg.normalization,
+                    temperature=cfg.temperature, beta=cfg.beta, asymre_tau=cfg.asymre_tau,
+                    micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
+    stats = state["round_stats"]
+    if next(run.model.parameters()).is_cuda:        # peak GPU memory of training (since generation), and of the round
+        stats["train_peak_mem_gb"] = max(stats.get("train_peak_mem_gb", 0.0), torch.cuda.max_memory_allocated() / 2**30)
+        stats["train_reserved_gb"] = max(stats.get("train_reserved_gb", 0.0), torch.cuda.max_memory_reserved() / 2**30)
+        stats["peak_mem_gb"] = max(stats.get("gen_peak_mem_gb", 0.0), stats["train_peak_mem_gb"])
+    state["step"] += 1
+    state["pending_updates"] -= 1
+    state["train_seconds"] += time.perf_counter() - t0
+    state["skipped_steps"] += m["skipped"]
+    state["skipped_in_a_row"] = state["skipped_in_a_row"] + 1 if m["skipped"] else 0
+    log(run, {**m, **stats, "batch_size": len(batch) * run.world, "buffer_size": int(all_ranks([len(run.buffer)])[0]),
+              "lr": run.optimizer.param_groups[0]["lr"]})
+    if state["skipped_in_a_row"] >= cfg.max_skipped_steps:
+        sys.exit(f"error: {state['skipped_in_a_row']} steps in a row had a NaN/inf loss or gradient "
+                 f"(skipped, weights unchanged); lower --lr or check the reward. Last checkpoint: "
+                 f"{find_checkpoint(run.out) or 'none'}")
+
+
+def score(run: Run, prompt: str, completion: str, counter: str = "reward_errors") -> float:
+    """The task's reward, checked: a finite float, or (--on-reward-error zero) 0 with the error counted."""
+    try:
+        value = float(run.task.reward(prompt, completion))
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite reward {value}")
+        return value
+    except Exception as e:
+        if run.cfg.on_reward_error == "zero":
+            run.state[counter] += 1
+            return 0.0
+        raise RewardError(f"the reward function failed on prompt {prompt!r} with completion {completion!r}: "
+                          f"{type(e).__name__}: {e} (--on-reward-error zero scores such cases 0)") from e
+
+
+def evaluate(run: Run) -> float:
+    """Greedy accuracy on the held-out prompts (each rank scores its share); logged as an eval line."""
+    from rollout import greedy_rewards
+
+    state, task = run.state, run.task
+    prompts = task.eval_prompts[:run.cfg.eval_prompts]
+    mine = prompts[run.rank::run.world]
+    run.model.eval()
+    # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
+    fns = {"eval_accuracy": lambda p, c: score(run, p, c, "eval_reward_errors"),
+           **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
+    means = greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=run.cfg.max_new_tokens
+                           or task.max_new_tokens) if mine else dict.fromkeys(fns, 0.0)
+    run.model.train()
+    totals = all_ranks([means[k] * len(mine) for k in fns] + [state["eval_reward_errors"]])
+    scores = {k: t / len(prompts) for k, t in zip(fns, totals)}
+    log(run, {**scores, "eval_reward_errors": int(totals[-1])})
+    acc = scores["eval_accuracy"]
+    state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
     if state["first_accuracy"] is None:
-        evaluate()                                  # step 0: before any update
-    bar = tqdm(total=cfg.max_rounds, initial=state["round"], desc="rounds", dynamic_ncols=True,
-               disable=not cfg.progress)
+        state["first_accuracy"] = acc
+    if run.rank == 0 and run.cfg.plot:
+        draw_curves(run)
+    return acc
 
-    def budget_spent() -> bool:
-        return state["round"] >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state["gen_tokens"]
 
-    def save_and_exit():
-        bar.close()
-        path = checkpoint()
-        print(f"interrupted: checkpoint saved to {path}\nresume with: python train.py --resume {out}",
-              file=sys.stderr)
-        metrics_file.close()
-        sys.exit(128 + stop.signum)
+def log(run: Run, row: dict) -> None:
+    """One line of metrics.jsonl (and TensorBoard scalars), written by rank 0."""
+    if run.rank != 0:
+        return
+    row = {**{k: run.state[k] for k in COUNTERS}, **row}
+    run.metrics_file.write(json.dumps(row) + "\n")
+    run.metrics_file.flush()
+    run.state["metrics_bytes"] = run.metrics_file.tell()
+    if run.board is not None:
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and key != "step":
+                run.board.add_scalar(("eval/" if key.startswith("eval_") else "train/") + key, value, row["step"])
 
-    while state["pending_updates"] or not budget_spent():
-        if not state["pending_updates"]:            # a new round: generate, then K updates
-            state["round"] += 1
-            prompts = rng.sample(task.train_prompts, cfg.prompts_per_round)
-            t0 = time.perf_counter()
-            if on_gpu:
-                torch.cuda.reset_peak_memory_stats()
-            model.eval()
-            rollouts, gen = generate_rollouts(model, tokenizer, prompts, reward,
-                                              num_generations=cfg.num_generations, max_new_tokens=max_new_tokens,
-                                              temperature=cfg.temperature, top_p=cfg.top_p,
-                                              policy_version=state["step"])
-            model.train()
-            state["gen_seconds"] += time.perf_counter() - t0
-            if on_gpu:      # what generation needs: allocated by tensors, and reserved by the allocator
-                gen_peaks = {"gen_peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
-                             "gen_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
-                torch.cuda.reset_peak_memory_stats()
-            state["gen_tokens"] += gen["new_tokens"]
-            state["round_stats"] = {k: gen[k] for k in ("reward", "rollout_entropy", "zero_adv_frac",
-                                                         "completion_len", "truncated_frac")}
-            if on_gpu:
-                state["round_stats"].update(gen_peaks)
-            buffer.add(rollouts)
-            buffer.drop_stale(state["step"])
-            state["pending_updates"] = K if len(buffer) >= B else 0   # until the buffer holds B: generate only
-            state["round_batch_size"] = B
-            state["idle_rounds"] += not state["pending_updates"]
-        while state["pending_updates"] and stop.signum is None:
-            buffer.drop_stale(state["step"])        # --max-age holds at every update, not only once a round
-            if len(buffer) < state["round_batch_size"]:     # too few rollouts young enough: the rest lapse
-                state["lapsed_updates"] += state["pending_updates"]
-                state["pending_updates"] = 0
-                break
-            t0 = time.perf_counter()
-            batch = buffer.sample(state["round_batch_size"], remove=not cfg.reuse)
-            m = update_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id,
-                            policy_version=state["step"], loss_type=cfg.loss, is_cap=cfg.is_cap,
-                            epsilon=cfg.epsilon, normalization=cfg.normalization, temperature=cfg.temperature,
-                            beta=cfg.beta, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
-                            max_grad_norm=cfg.max_grad_norm)
-            if on_gpu:      # peak GPU memory of training (since generation), and of the round
-                rs = state["round_stats"]
-                rs["train_peak_mem_gb"] = max(rs.get("train_peak_mem_gb", 0.0), torch.cuda.max_memory_allocated() / 2**30)
-                rs["train_reserved_gb"] = max(rs.get("train_reserved_gb", 0.0), torch.cuda.max_memory_reserved() / 2**30)
-                rs["peak_mem_gb"] = max(rs.get("gen_peak_mem_gb", 0.0), rs["train_peak_mem_gb"])
-            state["step"] += 1
-            state["pending_updates"] -= 1
-            state["train_seconds"] += time.perf_counter() - t0
-            state["skipped_steps"] += m["skipped"]
-            state["skipped_in_a_row"] = state["skipped_in_a_row"] + 1 if m["skipped"] else 0
-            log({**m, **state["round_stats"], "buffer_size": len(buffer), "lr": optimizer.param_groups[0]["lr"]})
-            if state["skipped_in_a_row"] >= cfg.max_skipped_steps:
-                sys.exit(f"error: {state['skipped_in_a_row']} steps in a row had a NaN/inf loss or gradient "
-                         f"(skipped, weights unchanged); lower --lr or check the reward. Last checkpoint: "
-                         f"{find_checkpoint(out) or 'none'}")
-        if stop.signum is not None and state["pending_updates"]:
-            save_and_exit()                         # mid-round: its remaining updates run after --resume
-        # the end of a round
-        if cfg.eval_every_tokens:                   # at fixed token counts: curves of runs line up
-            if state["gen_tokens"] >= state["next_eval_tokens"]:
-                state["next_eval_tokens"] = (state["gen_tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens
-                evaluate()
-        elif state["round"] % cfg.eval_every == 0:
-            evaluate()
-        rs = state["round_stats"]
-        bar.update(state["round"] - bar.n)
-        bar.set_postfix(reward=f"{rs.get('reward', 0):.2f}", acc=f"{state['last_accuracy']:.3f}",
+
+def draw_curves(run: Run) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    import plot
+    run.metrics_file.flush()
+    plot.plot_run(run.out)
+
+
+def end_of_round(run: Run) -> None:
+    """Eval when due, the progress bar, a checkpoint when due."""
+    cfg, state = run.cfg, run.state
+    if cfg.eval_every_tokens:                       # at fixed token counts: curves of runs line up
+        if state["gen_tokens"] >= state["next_eval_tokens"]:
+            state["next_eval_tokens"] = (state["gen_tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens
+            evaluate(run)
+    elif state["round"] % cfg.eval_every == 0:
+        evaluate(run)
+    stats = state["round_stats"]
+    run.bar.update(state["round"] - run.bar.n)
+    run.bar.set_postfix(reward=f"{stats.get('reward', 0):.2f}", acc=f"{state['last_accuracy']:.3f}",
                         step=state["step"], tokens=state["gen_tokens"],
-                        **({"mem": f"{rs['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in rs else {}))
-        if cfg.save_every and state["round"] % cfg.save_every == 0:
-            checkpoint()
-        if stop.signum is not None:
-            save_and_exit()
-    bar.close()
-    if state["last_eval_round"] != state["round"]:
-        evaluate()
-    checkpoint()
-    metrics_file.close()
-    model.save_pretrained(os.path.join(out, "adapter"))
+                        **({"mem": f"{stats['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in stats else {}))
+    if cfg.save_every and state["round"] % cfg.save_every == 0:
+        save_checkpoint(run)
 
+
+def budget_spent(run: Run) -> bool:
+    state, cfg = run.state, run.cfg
+    return state["round"] >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state["gen_tokens"]
+
+
+def stopping(run: Run, stop: StopRequest) -> bool:
+    """Whether a Ctrl-C / SIGTERM asked to stop; with several processes, whether any rank was asked
+    (all of them stop at the same step, or the others would wait for it forever)."""
+    if run.stop_signum is None:
+        signum = all_ranks([float(stop.signum or 0)], "max")[0]
+        run.stop_signum = int(signum) or None
+    return run.stop_signum is not None
+
+
+def save_and_exit(run: Run, stop: StopRequest) -> None:
+    run.bar.close()
+    path = save_checkpoint(run)
+    if run.rank == 0:
+        print(f"interrupted: checkpoint saved to {path}\nresume with: python train.py --resume {run.out}",
+              file=sys.stderr)
+        run.metrics_file.close()
+    sys.exit(128 + run.stop_signum)
+
+
+def finish(run: Run) -> dict:
+    """The last eval and checkpoint, the adapter, and the end-of-run summary."""
+    cfg, state = run.cfg, run.state
+    run.bar.close()
+    if state["last_eval_round"] != state["round"]:
+        evaluate(run)
+    save_checkpoint(run)
+    if run.rank == 0:
+        run.metrics_file.close()
+        if run.board is not None:
+            run.board.close()
+        run.model.save_pretrained(os.path.join(run.out, "adapter"))
+    summarize(run)
+    return {"first_accuracy": state["first_accuracy"], "final_accuracy": state["last_accuracy"],
+            "output_dir": run.out, **state}
+
+
+def summarize(run: Run) -> None:
+    cfg, state, say = run.cfg, run.state, run.say
     first, last = state["first_accuracy"], state["last_accuracy"]
     total = state["gen_seconds"] + state["train_seconds"]
     say(f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state['step']} steps ({last - first:+.3f})")
     say(f"generated {state['gen_tokens']} completion tokens in {state['round']} rounds; time generation "
         f"{state['gen_seconds']:.1f} s / training {state['train_seconds']:.1f} s "
         f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
-    if state["skipped_steps"] or state["reward_errors"]:
-        say(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
-    generated, trained = state["round"] * R, state["step"] * B
+    generated, trained = state["round"] * cfg.rollouts_per_round, state["step"] * cfg.batch_size
     if generated and trained and state["train_seconds"] > 0:
         mu = (state["gen_seconds"] / generated) / (state["train_seconds"] / trained)
-        # An on-policy run (R = B, K = 1) with as many updates generates B rollouts per update.
-        on_policy_tokens = state["gen_tokens"] * trained / generated
-        say(f"measured mu = {mu:.2f} (seconds to generate a rollout / to train on one); each rollout was used "
-            f"{trained / generated:.2f} times on average: an on-policy run with as many updates would have generated "
-            f"~{on_policy_tokens:,.0f} tokens, {on_policy_tokens - state['gen_tokens']:+,.0f} against this run")
+        say(f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one (on a GPU, 8-27)")
+        if trained > generated:
+            # An on-policy run (R = B, K = 1) with as many updates would generate one rollout per one trained.
+            on_policy_tokens = state["gen_tokens"] * trained / generated
+            say(f"replay: each rollout was used {trained / generated:.2f} times; an on-policy run with as many "
+                f"updates would have generated ~{on_policy_tokens:,.0f} tokens: this run saved "
+                f"~{on_policy_tokens - state['gen_tokens']:,.0f} ({1 - generated / trained:.0%} of generation)")
+    if state["skipped_steps"] or state["reward_errors"]:
+        say(f"skipped steps (NaN/inf): {state['skipped_steps']}; reward errors scored 0: {state['reward_errors']}")
+    if state["eval_reward_errors"]:
+        say(f"reward errors scored 0 during evals: {state['eval_reward_errors']}")
     if state["idle_rounds"]:
-        say(f"rounds without an update (the buffer held fewer than B={B} rollouts): {state['idle_rounds']}")
+        say(f"rounds without an update (the buffer held fewer than B={cfg.batch_size} rollouts): "
+            f"{state['idle_rounds']}")
     if state["lapsed_updates"]:
         say(f"updates skipped because fewer than B rollouts were younger than --max-age {cfg.max_age}: "
             f"{state['lapsed_updates']}")
-    say(f"run folder: {out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/)")
-    return {"first_accuracy": first, "final_accuracy": last, "output_dir": out, **state}
+    say(f"run folder: {run.out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/"
+        f"{', curves.png' if cfg.plot and importlib.util.find_spec('matplotlib') else ''})")
 
 
 if __name__ == "__main__":

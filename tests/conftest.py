@@ -17,5 +17,5 @@ def addition():
 @pytest.fixture(scope="session")
 def tiny_path(addition):
     """The warm-started embedded model (built once, ~30 s, then cached on disk)."""
-    import tasks
-    return tasks.tiny_model(addition)
+    import demo
+    return demo.tiny_model(addition)

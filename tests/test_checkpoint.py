@@ -197,3 +197,25 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
     assert a[:6] == b[:6]                                   # identical up to the interruption, evals included
     lr_after = [json.loads(line).get("lr") for line in open(os.path.join(part, "metrics.jsonl"))]
     assert [x for x in lr_after if x][-1] == 5e-4            # --lr on --resume reaches the optimizer
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_newest_that_loads(tmp_path, tiny_path, capsys):
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "3", "--save-every", "1", "--keep-checkpoints", "3"])
+    damaged = os.path.join(run, "checkpoint-3", "buffer.safetensors")
+    with open(damaged, "r+b") as f:                        # a truncated write, as a full disk leaves it
+        f.truncate(40)
+    capsys.readouterr()
+    cfg = train.parse_config(["--resume", run, "--max-rounds", "4"])
+    err = capsys.readouterr().err
+    assert cfg.resume.endswith("checkpoint-2")
+    assert "skipping" in err and "checkpoint-3" in err and "buffer.safetensors" in err and "Traceback" not in err
+    named = os.path.join(run, "checkpoint-3")
+    with pytest.raises(SystemExit) as e:                   # a named checkpoint that is damaged: one line
+        train.parse_config(["--resume", named])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "damaged" in err[0] and "buffer.safetensors" in err[0]
+    result = train.main(["--resume", run, "--max-rounds", "4"])          # goes on from checkpoint-2
+    assert result["round"] == 4
+    assert [json.loads(line)["step"] for line in open(os.path.join(run, "metrics.jsonl"))
+            if "eval_accuracy" not in line] == list(range(1, 9))          # rounds 3-4 redone, nothing doubled

@@ -9,7 +9,7 @@ from peft import PeftModel
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-import tasks
+import demo
 from buffer import collate
 from replay_rl import completion_logp, load_policy, update_step
 from rollout import generate_rollouts
@@ -26,7 +26,7 @@ def model_dirs(tmp_path_factory):
     saved with save_pretrained exactly as a hub checkpoint is laid out."""
     folders = {}
     for arch, (config_class, model_class) in ARCHITECTURES.items():
-        tokenizer = tasks.char_tokenizer()
+        tokenizer = demo.char_tokenizer()
         config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **SIZE)
         torch.manual_seed(0)
@@ -161,11 +161,42 @@ def test_train_on_a_local_model_with_a_chat_template_and_a_jsonl_task(model_dirs
     result = train.main(["--model", str(folder), "--task", str(tmp_path / "sums.jsonl"), "--system-prompt", "be brief",
                          "--reward", f"{tmp_path / 'spyreward.py'}:reward",
                          "--output-dir", str(tmp_path / "run"), "--max-rounds", "2", "--prompts-per-round", "2",
-                         "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8", "--max-new-tokens", "8"])
+                         "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8", "--max-new-tokens", "8",
+                         # the README's GSM8K command's memory and eval flags, through train.py
+                         "--lr", "2e-5", "--micro-batch-size", "4", "--gradient-checkpointing", "--eval-prompts", "2",
+                         "--eval-every", "1"])
     assert result["step"] == 2
     assert seen_by_model and all(p.startswith("system: be brief;user: what is ") and p.endswith(";assistant:")
                                  for p in seen_by_model)
     seen_by_reward = sys.modules["reward_spyreward"].SEEN
     assert seen_by_reward and all(p.startswith("what is ") for p in seen_by_reward)   # the plain prompt
     evals = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl") if "eval_accuracy" in l]
-    assert {"eval_strict", "eval_lenient"} <= set(evals[0])
+    assert {"eval_strict", "eval_lenient"} <= set(evals[0]) and [e["round"] for e in evals] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("load_in_4bit", [False, True])
+def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_in_4bit):
+    """--gradient-checkpointing (with and without 4-bit) recomputes activations in backward: same gradient."""
+    if load_in_4bit:
+        pytest.importorskip("bitsandbytes")
+    counter = itertools.count()
+    rollouts = None
+    grads = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(1)
+        model, tokenizer = load_policy(model_dirs["llama"], lora_r=4, load_in_4bit=load_in_4bit,
+                                       gradient_checkpointing=checkpointing)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:        # non-zero B, so that lora_A gets a gradient too
+                p.data.normal_(0, 0.05)
+        if rollouts is None:
+            model.eval()
+            rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, lambda p, c: float(next(counter) % 3),
+                                            num_generations=4, max_new_tokens=6)
+        model.train()
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0, micro_batch_size=4)
+        grads[checkpointing] = {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
+    assert len(grads[True]) == 28 and all(g.abs().sum() > 0 for g in grads[True].values())
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)

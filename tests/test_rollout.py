@@ -55,7 +55,8 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     tokenizer.pad_token = tokenizer.eos_token                  # the common pad == eos setup
     eos = tokenizer.eos_token_id
     torch.manual_seed(2)
-    rollouts, stats = generate_rollouts(model, tokenizer, ["12+34=", "5+6="] * 8, addition.reward,
+    # answers of 2 and 1 digits: completions of different lengths even when every answer is right
+    rollouts, stats = generate_rollouts(model, tokenizer, ["12+34=", "1+2="] * 8, addition.reward,
                                         num_generations=4, max_new_tokens=4, temperature=1.5)
     lengths = [len(r.completion_ids) for r in rollouts]
     ended = [r for r in rollouts if r.completion_ids[-1] == eos]
@@ -71,7 +72,7 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     # rewards follow the decoded completion, advantages are normalized per group of 4
     for i, r in enumerate(rollouts):
         text = tokenizer.decode(r.completion_ids, skip_special_tokens=True)
-        assert r.reward == addition.reward(["12+34=", "5+6="][(i // 4) % 2], text)
+        assert r.reward == addition.reward(["12+34=", "1+2="][(i // 4) % 2], text)
     adv = torch.tensor([r.advantage for r in rollouts]).view(-1, 4)
     assert torch.allclose(adv.sum(1), torch.zeros(len(adv)), atol=1e-4)
     rewards = torch.tensor([r.reward for r in rollouts]).view(-1, 4)

@@ -12,7 +12,7 @@ REQUIRED = {"step", "round", "gen_tokens", "reward", "entropy", "is_ratio_mean",
 
 @pytest.mark.parametrize("args, field", [
     (["--batch-size", "512", "--buffer-size", "256"], "--batch-size 512"),
-    (["--buffer-size", "200", "--batch-size", "100"], "--buffer-size 200"),  # smaller than one round (256)
+    (["--buffer-size", "100", "--batch-size", "100"], "--buffer-size 100"),  # smaller than one round (128)
     (["--is-cap", "0.5"], "--is-cap 0.5"),
     (["--lr", "0"], "--lr 0.0"),
     (["--num-generations", "-1"], "--num-generations -1"),
@@ -57,7 +57,8 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    result = train.main(["--output-dir", str(tmp_path), "--seed", "0", "--max-rounds", "250", "--eval-every", "50"])
+    # the default config: the paper's replay (R = 128 new rollouts, B = N = 256, each rollout used twice)
+    result = train.main(["--output-dir", str(tmp_path), "--seed", "0", "--max-rounds", "400", "--eval-every", "100"])
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if "eval_accuracy" not in r]
@@ -65,6 +66,7 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     assert all(REQUIRED <= set(r) for r in steps)
     assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
     assert all(b["gen_tokens"] >= a["gen_tokens"] for a, b in zip(steps, steps[1:]))
+    assert steps[-1]["uses_mean"] > 1.4 and steps[-1]["age_mean"] > 0                  # replay: reused, stale data
     gain = result["final_accuracy"] - result["first_accuracy"]
     print(f"accuracy {result['first_accuracy']:.3f} -> {result['final_accuracy']:.3f}")
     # 500 held-out prompts: the sd of a paired difference is ~0.03; the run gains ~0.15
@@ -76,7 +78,7 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     plain = AutoModelForCausalLM.from_pretrained(tiny_path)
     with torch.no_grad():
         assert not torch.allclose(reloaded(ids).logits, plain(ids).logits, atol=1e-4)   # the adapter changed it
-        acc = __import__("rollout").greedy_accuracy(reloaded, __import__("tasks").char_tokenizer(),
+        acc = __import__("rollout").greedy_accuracy(reloaded, __import__("demo").char_tokenizer(),
                                                     addition.eval_prompts, addition.reward,
                                                     max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)
@@ -95,3 +97,29 @@ def test_unloadable_model_is_one_line_not_a_traceback(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --model nobody/no-such-model: cannot be loaded")
     assert time.time() - start < 30                                    # no minute of retries
+
+
+def test_tensorboard_event_files_hold_the_metric_tags(tmp_path, tiny_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    train.main(["--output-dir", str(tmp_path), "--max-rounds", "3", "--prompts-per-round", "4", "--num-generations",
+                "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20", "--eval-every", "2",
+                "--report-to", "tensorboard"])
+    events = EventAccumulator(str(tmp_path)).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/reward", "train/is_ratio_mean", "train/entropy", "train/age_mean", "eval/eval_accuracy"} <= tags
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("eval/eval_accuracy")] == [0, 2, 3]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [e.value for e in events.Scalars("train/reward")] == pytest.approx(
+        [r["reward"] for r in rows if "eval_accuracy" not in r])
+    assert (tmp_path / "curves.png").stat().st_size > 10_000           # drawn at each eval (matplotlib installed)
+
+
+def test_tensorboard_missing_is_one_line_before_any_model(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--report-to", "tensorboard"])
+    assert e.value.code == 2 and "pip install tensorboard" in capsys.readouterr().err

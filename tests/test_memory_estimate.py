@@ -1,0 +1,225 @@
+"""benchmarks/memory_estimate.py: the estimate against the H200 measurements, hand-checkable properties of
+its formula, and its byte counts against what autograd really keeps (a small model on CPU)."""
+import os
+import sys
+import weakref
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import memory_estimate as me  # noqa: E402
+
+GB = 2**30
+# Measured on a lent NVIDIA H200, 2026-11, torch 2.11 / transformers 5.17 / peft 0.21 / bitsandbytes 0.50.2
+# (issue 10): a model with Qwen2.5-0.5B's shapes and random weights, 152k vocabulary, GSM8K-format prompts of
+# ~231 tokens, 8 prompts x 8 generations = 64 rollouts per round, B = N = 128 (each update step has 128
+# rollouts), LoRA r = 16 on all linear layers; peak allocated memory over a round, GB = 2^30 bytes.
+# tie_word_embeddings was not recorded; Qwen2Config's default (False) is assumed.
+MEASURED_MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                      intermediate_size=4864, vocab_size=151936, tie_word_embeddings=False, model_type="qwen2")
+MEASURED = [   # weights, max new tokens, micro-batch, gradient checkpointing, peak GB
+    ("bf16", 256, 8, False, 16.1),
+    ("4-bit", 256, 2, True, 3.1),
+    ("bf16", 512, 2, True, 4.0),
+]
+Q05 = me.QWEN["Qwen2.5-0.5B"]
+
+
+def est(c=Q05, *, q4=False, new=256, micro=8, ckpt=False, prompt=231, rollouts=64, padded=True):
+    return me.estimate(c, load_in_4bit=q4, rollouts=rollouts, prompt_tokens=prompt, max_new_tokens=new,
+                       micro_batch=micro, gradient_checkpointing=ckpt, padded=padded)
+
+
+@pytest.mark.parametrize("weights,new,micro,ckpt,measured", MEASURED)
+def test_estimate_within_15_percent_of_the_h200_measurements(weights, new, micro, ckpt, measured):
+    e = est(MEASURED_MODEL, q4=weights == "4-bit", new=new, micro=micro, ckpt=ckpt)
+    assert abs(e["peak"] - measured) / measured <= 0.15, (e["peak"], measured)
+    assert e["peak"] == max(e["gen_peak"], e["train_peak"])
+
+
+def test_the_module_carries_the_same_measurements():
+    assert [row[:5] for row in me.MEASURED] == MEASURED
+    assert me.MEASURED_MODEL == MEASURED_MODEL
+
+
+def test_logits_term_is_five_fp32_completion_logits_linear_in_micro_batch_and_vocabulary():
+    e = est(micro=8, new=256)
+    assert e["logits"] == pytest.approx(5 * 8 * 256 * 151936 * 4 / GB)          # 5.80 GB
+    assert est(micro=4)["logits"] == pytest.approx(e["logits"] / 2)
+    assert est(new=512)["logits"] == pytest.approx(e["logits"] * 2)
+    double_vocab = est({**Q05, "vocab_size": 2 * 151936})
+    assert double_vocab["logits"] == pytest.approx(2 * e["logits"])
+    # the prompt costs activations, not logits
+    assert est(prompt=500)["logits"] == e["logits"] and est(prompt=500)["activations"] > e["activations"]
+
+
+def test_gradient_checkpointing_keeps_only_each_layers_input():
+    full, ckpt = est(micro=2, new=512), est(micro=2, new=512, ckpt=True)
+    T = 231 + 512 - 1
+    assert ckpt["activations"] == pytest.approx(me.K_ACT * 24 * 2 * T * 2 * 896 / GB)    # bf16 layer inputs
+    assert full["activations"] == pytest.approx(me.K_ACT * 24 * 2 * T * me.activation_bytes(Q05, load_in_4bit=False,
+                                                                                            tokens=T) / GB)
+    assert ckpt["activations"] < full["activations"] / 40
+    assert ckpt["train_peak"] < full["train_peak"]
+    assert ckpt["gen_peak"] == full["gen_peak"]          # generation does not checkpoint
+
+
+def test_activation_bytes_by_hand():
+    h, I, kv, heads, r = 896, 4864, 128, 14, 16
+    # bf16: 2 fp32 norm inputs, sdpa q/out/k/v, lse, gate/SiLU/up, 7 fp32 LoRA input copies, LoRA A outputs, rsqrt
+    assert me.activation_bytes(Q05, load_in_4bit=False, padded=False) == \
+        8 * h + 2 * (2 * h + 2 * kv) + 4 * heads + 6 * I + 4 * (6 * h + I) + 28 * r + 8 == 81920
+    assert me.activation_bytes(Q05, load_in_4bit=True, padded=False) == \
+        8 * h + 4 * (2 * h + 2 * kv) + 4 * heads + 12 * I + 4 * (2 * h + I) + 28 * r + 8 == 100864
+    # padded prompts: K and V repeated to all heads, and the mask bias (T rounded up to 16)
+    assert me.activation_bytes(Q05, load_in_4bit=False, tokens=486) == 81920 + 4 * (h - kv) + 2 * 496
+
+
+def test_generation_peak_grows_with_rollouts_and_length_and_4bit_weights_are_smaller():
+    base = est()
+    assert est(rollouts=128)["gen_peak"] > base["gen_peak"]
+    assert est(new=1024)["decode"] > base["decode"]
+    kv_cache = 2 * 24 * 128 * 2 * 64 * (231 + 256) / GB                 # bf16 KV cache of 64 full rollouts
+    assert base["decode"] == pytest.approx(kv_cache + 6 * 4 * 64 * 151936 / GB)
+    linear, other = 357_826_560, 136_206_208         # Qwen2.5-0.5B: 494M parameters, 136M of them the embedding
+    assert base["weights"] == pytest.approx((linear + other) * 2 / GB)
+    # 4-bit: nf4 linear layers, and the rest upcast to fp32 by peft's prepare_model_for_kbit_training
+    assert est(q4=True)["weights"] == pytest.approx((linear * (0.5 + 1 / 64 + 1 / 4096) + other * 4) / GB)
+    assert est({**Q05, "tie_word_embeddings": False})["weights"] == pytest.approx(base["weights"] + 151936 * 896 * 2 / GB)
+
+
+def test_readme_table_is_the_measurements_and_this_estimate():
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    rows = [line.strip("|").split("|") for line in readme.splitlines()
+            if line.startswith("| Qwen2.5-") and line.rstrip().endswith(("**measured** |", "estimated |"))]
+    assert len(rows) == len(me.README_ROWS)
+    measured = {(w, new, micro, ckpt): gb for w, new, micro, ckpt, gb in MEASURED}
+    for cells, (model, w, new, micro, ckpt) in zip(rows, me.README_ROWS):
+        cells = [c.strip() for c in cells]
+        assert cells[:5] == [model, w, str(new), str(micro), "yes" if ckpt else "no"]
+        if cells[7] == "**measured**":
+            assert model == "Qwen2.5-0.5B" and float(cells[5]) == measured[(w, new, micro, ckpt)]
+        else:
+            e = me.estimate(me.QWEN[model], load_in_4bit=w == "4-bit", rollouts=64, prompt_tokens=231,
+                            max_new_tokens=new, micro_batch=micro, gradient_checkpointing=ckpt)
+            assert cells[5] == f"{e['peak']:.1f}"
+        assert cells[6] == me.fits(float(cells[5]))
+
+
+def test_fits_adds_context_and_reserve():
+    assert me.fits(4.0) == "6 GB" and me.fits(5.0) == "8 GB" and me.fits(16.1) == "24 GB"
+
+
+# ---- the counts against autograd, on CPU with a small Qwen2 (same dtypes and code path as on a GPU) ---------
+SMALL = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=256, tie_word_embeddings=True, model_type="qwen2")
+
+
+def char_tokenizer():
+    from demo import char_tokenizer as make
+    return make()
+
+
+@pytest.fixture(scope="module")
+def small_models(tmp_path_factory):
+    """{layers: folder} of random Qwen2 models of SMALL's shapes, 1 and 2 layers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    tokenizer = char_tokenizer()
+    folders = {}
+    for layers in (1, 2):
+        config = Qwen2Config(vocab_size=4096, num_hidden_layers=layers, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                             **{k: v for k, v in SMALL.items() if k != "model_type"})
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp(f"small{layers}")
+        Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[layers] = str(folder)
+    return folders
+
+
+def batch_of(m: int, prompt: int, completion: int, padded: bool):
+    from buffer import Rollout, collate
+    g = torch.Generator().manual_seed(0)
+    rollouts = [Rollout(prompt_ids=torch.randint(2, 40, (prompt - (i if padded else 0),), generator=g),
+                        completion_ids=torch.randint(2, 40, (completion,), generator=g),
+                        behaviour_logp=torch.zeros(completion), reward=0.0, advantage=1.0, policy_version=0,
+                        baseline=0.0) for i in range(m)]
+    return collate(rollouts, 0, 0)
+
+
+def saved_bytes(folder: str, batch, load_in_4bit: bool) -> int:
+    """Bytes of the distinct storages autograd saves in completion_logp's forward, but for the logits."""
+    from replay_rl import completion_logp, load_policy
+    model, _ = load_policy(folder, lora_r=16, dtype=torch.bfloat16, load_in_4bit=load_in_4bit)
+    model.train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in weights and t.shape[-1:] != (4096,):
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        completion_logp(model, batch)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("load_in_4bit", [False, True])
+def test_activation_bytes_are_what_autograd_keeps(small_models, padded, load_in_4bit):
+    if load_in_4bit:
+        pytest.importorskip("bitsandbytes")
+    m, prompt, completion = 2, 41, 24            # T = 64, a multiple of 16: the CPU mask bias is not padded
+    batch = batch_of(m, prompt, completion, padded)
+    T = batch["input_ids"].shape[1] - 1
+    per_layer = saved_bytes(small_models[2], batch, load_in_4bit) - saved_bytes(small_models[1], batch, load_in_4bit)
+    config = {**SMALL, "vocab_size": 4096, "num_hidden_layers": 2}
+    assert per_layer == m * T * me.activation_bytes(config, load_in_4bit=load_in_4bit, padded=padded, tokens=T)
+
+
+class LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Bytes of the tensors created under this mode that are still alive, and their peak."""
+
+    def __init__(self, exclude):
+        super().__init__()
+        self.exclude, self.live, self.now, self.peak = set(exclude), {}, 0, 0
+
+    def _free(self, key):
+        self.now -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                key = (id(s), s.data_ptr())
+                if s.data_ptr() in self.exclude or key in self.live or not s.nbytes():
+                    continue
+                self.live[key] = s.nbytes()
+                self.now += s.nbytes()
+                weakref.finalize(s, self._free, key)
+                self.peak = max(self.peak, self.now)
+        return out
+
+
+def test_five_fp32_logits_are_alive_at_the_backward_peak(small_models):
+    from replay_rl import completion_logp, load_policy, policy_loss
+    model, _ = load_policy(small_models[1], lora_r=16, dtype=torch.bfloat16)
+    model.train()
+    m, prompt, completion, V = 2, 9, 32, 4096
+    batch = batch_of(m, prompt, completion, padded=False)
+    T = prompt + completion - 1
+    activations = m * T * me.activation_bytes({**SMALL, "vocab_size": V, "num_hidden_layers": 1},
+                                              load_in_4bit=False, padded=False)
+    logits = m * completion * V * 4
+    tracker = LiveBytes([p.untyped_storage().data_ptr() for p in model.parameters()])
+    with tracker:
+        logp, _ = completion_logp(model, batch)
+        loss, _ = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
+        loss.backward()
+    copies = (tracker.peak - activations) / logits
+    assert me.LOGIT_COPIES - 0.1 < copies < me.LOGIT_COPIES + 0.15, copies     # 5.01: plus a few small tensors
