@@ -254,19 +254,18 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
 
 
 def sum_over_processes(t: torch.Tensor) -> torch.Tensor:
-    """t summed over the processes of a torchrun job (all_reduce), on t's device; t itself in one process."""
+    """t summed over the processes of a torchrun job (all_reduce), as a new tensor; t itself in one process."""
     if not torch.distributed.is_initialized():
         return t
-    device = t.device
-    t = t.to("cuda") if torch.distributed.get_backend() == "nccl" else t.clone()
+    t = t.clone()
     torch.distributed.all_reduce(t)
-    return t.to(device)
+    return t
 
 
 def max_over_processes(x: float) -> float:
     """x's maximum over the processes of a torchrun job; x itself in one process."""
     if not torch.distributed.is_initialized():
         return x
-    t = torch.tensor([float(x)], device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    t = torch.tensor([float(x)])
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     return t.item()

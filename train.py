@@ -237,13 +237,16 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_distributed() -> int:
-    """This process's rank; joins the process group under torchrun (nccl on GPUs, gloo on CPU)."""
+def init_distributed(device: str) -> int:
+    """This process's rank; joins the process group under torchrun: nccl for GPU tensors (each rank
+    on its own GPU, LOCAL_RANK), gloo for CPU tensors (the small counts, and everything on a CPU)."""
     if world_size() == 1:
         return 0
     import torch.distributed as dist
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo")
     return dist.get_rank()
 
 
@@ -494,11 +497,14 @@ def setup(cfg: Config, task) -> Run:
     from buffer import ReplayBuffer
     from replay_rl import load_policy
 
-    rank, W = init_distributed(), world_size()
-    out = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     device = pick_device(cfg.device)
+    rank, W = init_distributed(device), world_size()
     if W > 1 and device == "cuda":
-        device = f"cuda:{os.environ.get('LOCAL_RANK', rank)}"
+        device = f"cuda:{torch.cuda.current_device()}"
+    out = [cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))]
+    if W > 1:       # rank 0's folder name (the ranks' clocks may straddle a second)
+        torch.distributed.broadcast_object_list(out, src=0)
+    out = out[0]
     if rank == 0:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "config.json"), "w") as f:
@@ -538,7 +544,7 @@ def setup(cfg: Config, task) -> Run:
     R, N, B, K = cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size, cfg.updates_per_round
     state = {"step": 0, "round": 0, "gen_tokens": 0, "gen_seconds": 0.0, "train_seconds": 0.0,
              "skipped_steps": 0, "skipped_in_a_row": 0, "reward_errors": 0, "eval_reward_errors": 0,
-             "pending_updates": 0, "round_batch_size": B, "lapsed_updates": 0,
+             "pending_updates": 0, "round_batch_size": B, "lapsed_updates": 0, "rollouts_trained": 0,
              "round_stats": {}, "first_accuracy": None, "last_accuracy": None, "last_eval_round": -1,
              "next_eval_tokens": cfg.eval_every_tokens, "idle_rounds": 0, "metrics_bytes": 0, "world_size": W}
     run = Run(cfg, task, model, tokenizer, optimizer, buffer, random.Random(cfg.seed), out, state, rank, W)
@@ -566,6 +572,11 @@ def setup(cfg: Config, task) -> Run:
         resumed.setdefault("round_batch_size", saved_cfg["batch_size"])     # checkpoints from before these fields
         for key in ("lapsed_updates", "eval_reward_errors"):
             resumed.setdefault(key, 0)
+        resumed.setdefault("rollouts_trained", resumed["step"] * saved_cfg["batch_size"])
+        rounds = all_ranks([resumed["round"]], "min") + all_ranks([resumed["round"]], "max")
+        if rounds[0] != rounds[1]:
+            sys.exit(f"error: the processes resumed from different checkpoints (rounds {rounds[0]:.0f} and "
+                     f"{rounds[1]:.0f}); resume with --resume {out}/checkpoint-<round>")
         for group in optimizer.param_groups:        # the optimizer state brought the old lr back
             group["lr"] = cfg.lr
         if rank == 0:
@@ -606,6 +617,7 @@ def generate_round(run: Run) -> None:
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     model.eval()
+    errors_before = state["reward_errors"]
     rollouts, gen = generate_rollouts(model, run.tokenizer, prompts, lambda p, c: score(run, p, c),
                                       num_generations=cfg.num_generations,
                                       max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
@@ -615,8 +627,10 @@ def generate_round(run: Run) -> None:
     # the round's figures over all ranks (each generated R/W rollouts from P/W prompts)
     n, groups, tokens = len(rollouts), len(prompts), gen["new_tokens"]
     sums = all_ranks([gen["reward"] * n, gen["zero_adv_frac"] * groups, gen["rollout_entropy"] * tokens,
-                      gen["completion_len"] * n, gen["truncated_frac"] * n, tokens, n, groups])
+                      gen["completion_len"] * n, gen["truncated_frac"] * n, tokens, n, groups,
+                      state["reward_errors"] - errors_before])
     state["gen_tokens"] += int(sums[5])
+    state["reward_errors"] = errors_before + int(sums[8])
     state["round_stats"] = {"reward": sums[0] / sums[6], "zero_adv_frac": sums[1] / sums[7],
                             "rollout_entropy": sums[2] / max(sums[5], 1), "completion_len": sums[3] / sums[6],
                             "truncated_frac": sums[4] / sums[6]}
@@ -641,7 +655,7 @@ def update(run: Run) -> None:
     local_batch = state["round_batch_size"] // run.world
     run.buffer.drop_stale(state["step"])            # --max-age holds at every update, not only once a round
     if not all_ranks([float(len(run.buffer) >= local_batch)], "min")[0]:
-        state["lapsed_updates"] += state["pending_updates"]     # too few rollouts young enough: the rest lapse
+        state["lapsed_updates"] += state["pending_updates"]     # too few unused / young enough: the rest lapse
         state["pending_updates"] = 0
         return
     t0 = time.perf_counter()
@@ -656,6 +670,7 @@ def update(run: Run) -> None:
         stats["train_reserved_gb"] = max(stats.get("train_reserved_gb", 0.0), torch.cuda.max_memory_reserved() / 2**30)
         stats["peak_mem_gb"] = max(stats.get("gen_peak_mem_gb", 0.0), stats["train_peak_mem_gb"])
     state["step"] += 1
+    state["rollouts_trained"] += len(batch) * run.world
     state["pending_updates"] -= 1
     state["train_seconds"] += time.perf_counter() - t0
     state["skipped_steps"] += m["skipped"]
@@ -691,21 +706,26 @@ def evaluate(run: Run) -> float:
     prompts = task.eval_prompts[:run.cfg.eval_prompts]
     mine = prompts[run.rank::run.world]
     run.model.eval()
+    errors_before = state["eval_reward_errors"]
     # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
     fns = {"eval_accuracy": lambda p, c: score(run, p, c, "eval_reward_errors"),
            **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
     means = greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=run.cfg.max_new_tokens
                            or task.max_new_tokens) if mine else dict.fromkeys(fns, 0.0)
     run.model.train()
-    totals = all_ranks([means[k] * len(mine) for k in fns] + [state["eval_reward_errors"]])
+    totals = all_ranks([means[k] * len(mine) for k in fns] + [state["eval_reward_errors"] - errors_before])
     scores = {k: t / len(prompts) for k, t in zip(fns, totals)}
-    log(run, {**scores, "eval_reward_errors": int(totals[-1])})
+    state["eval_reward_errors"] = errors_before + int(totals[-1])
+    log(run, {**scores, "eval_reward_errors": state["eval_reward_errors"]})
     acc = scores["eval_accuracy"]
     state["last_accuracy"], state["last_eval_round"] = acc, state["round"]
     if state["first_accuracy"] is None:
         state["first_accuracy"] = acc
     if run.rank == 0 and run.cfg.plot:
-        draw_curves(run)
+        try:
+            draw_curves(run)
+        except Exception as e:          # a figure is not worth a run (a full disk, a matplotlib quirk)
+            print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)
     return acc
 
 
@@ -798,7 +818,7 @@ def summarize(run: Run) -> None:
     say(f"generated {state['gen_tokens']} completion tokens in {state['round']} rounds; time generation "
         f"{state['gen_seconds']:.1f} s / training {state['train_seconds']:.1f} s "
         f"({100 * state['gen_seconds'] / max(total, 1e-9):.0f}% generating)")
-    generated, trained = state["round"] * cfg.rollouts_per_round, state["step"] * cfg.batch_size
+    generated, trained = state["round"] * cfg.rollouts_per_round, state["rollouts_trained"]
     if generated and trained and state["train_seconds"] > 0:
         mu = (state["gen_seconds"] / generated) / (state["train_seconds"] / trained)
         say(f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one (on a GPU, 8-27)")
@@ -816,8 +836,8 @@ def summarize(run: Run) -> None:
         say(f"rounds without an update (the buffer held fewer than B={cfg.batch_size} rollouts): "
             f"{state['idle_rounds']}")
     if state["lapsed_updates"]:
-        say(f"updates skipped because fewer than B rollouts were younger than --max-age {cfg.max_age}: "
-            f"{state['lapsed_updates']}")
+        say(f"updates skipped because fewer than B rollouts were left (each used once with --no-reuse, or "
+            f"older than --max-age): {state['lapsed_updates']}")
     say(f"run folder: {run.out} (metrics.jsonl, adapter/, checkpoint-{state['round']}/"
         f"{', curves.png' if cfg.plot and importlib.util.find_spec('matplotlib') else ''})")
 

@@ -127,8 +127,9 @@ def test_torchrun_demo_resumes_exactly_and_refuses_another_world_size(tmp_path, 
 
 def test_torchrun_demo_learns(tmp_path, tiny_path):
     run = str(tmp_path / "run")
-    torchrun(["train.py", "--output-dir", run, "--max-rounds", "150", "--eval-every", "150", "--no-progress",
-              "--no-plot", "--seed", "1"], tmp_path)
+    # the on-policy demo round (R = B = N = 256), split over the two processes
+    torchrun(["train.py", "--output-dir", run, "--prompts-per-round", "32", "--max-rounds", "150",
+              "--eval-every", "150", "--no-progress", "--no-plot", "--seed", "1"], tmp_path)
     evals = [r for r in step_rows(run) if "eval_accuracy" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 150
     gain = evals[-1]["eval_accuracy"] - evals[0]["eval_accuracy"]
