@@ -1,6 +1,6 @@
 """Does replay pay off? Arms of train.py's loop under the same budget of generated tokens.
 
-    python compare.py --output-dir runs/compare            # 3 arms x 5 seeds (~30 min on 2 CPU cores)
+    python compare.py --output-dir runs/compare            # 3 arms x 5 seeds, two runs side by side
     python compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
