@@ -93,6 +93,8 @@ class Config:
                      choices=("auto", "float32", "bfloat16"))
     load_in_4bit: bool = opt(False, "load the base model in 4-bit (bitsandbytes nf4, double quantization)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, slower")
+    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so transformers compiles "
+                                       "the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run model code shipped with the model (off unless you trust it)")
     # checkpoints and failures
     save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
@@ -251,13 +253,9 @@ def init_distributed(device: str) -> int:
 
 
 def all_ranks(values: list[float], op: str = "sum") -> list[float]:
-    """values summed (or their min / max) over the ranks; unchanged in one process."""
-    if world_size() == 1:
-        return values
-    import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
-    return t.tolist()
+    """values summed (or their "min" / "max") over the ranks; unchanged in one process."""
+    from replay_rl import over_processes
+    return over_processes(torch.tensor(values, dtype=torch.float64), op).tolist()
 
 
 def barrier() -> None:
@@ -481,6 +479,7 @@ class Run:
     metrics_file: object = None
     bar: object = None
     board: object = None            # TensorBoard writer, with --report-to tensorboard
+    fast: object = None             # rollout.FastDecoding, with --fast-generation
 
     @property
     def say(self):
@@ -561,6 +560,12 @@ def setup(cfg: Config, task) -> Run:
                                                            else ""))
     say(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = {N / R:.1f} rounds; "
         f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}" + ("" if cfg.reuse else "; each rollout used once"))
+    if cfg.fast_generation:
+        from rollout import FastDecoding
+        run.fast = FastDecoding(model)
+        if cfg.load_in_4bit or torch.device(device).type != "cuda":
+            say("--fast-generation: generation stays eager here (transformers compiles the decode step on CUDA "
+                "only, and not for 4-bit models); the static cache alone is slower than plain generate")
     if K * B > R and cfg.reuse:
         say("this is experience replay: each rollout is used about K*B/R times, the rollout ages and the "
             "importance ratios in the metrics show how stale the replayed data is")
@@ -621,7 +626,8 @@ def generate_round(run: Run) -> None:
     rollouts, gen = generate_rollouts(model, run.tokenizer, prompts, lambda p, c: score(run, p, c),
                                       num_generations=cfg.num_generations,
                                       max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-                                      temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state["step"])
+                                      temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state["step"],
+                                      fast=run.fast)
     model.train()
     state["gen_seconds"] += time.perf_counter() - t0
     # the round's figures over all ranks (each generated R/W rollouts from P/W prompts)

@@ -12,6 +12,13 @@ ours / bare timed back to back, after --warmup untimed repetitions):
   update_overhead  = update_step / a bare step on the same collated tokens: forward, mean
                      log-prob loss, backward, AdamW step; ours adds collate, the TIS loss and its
                      metrics, gradient clipping
+  fast_generation  = plain generate_rollouts / generate_rollouts with --fast-generation (rollout.FastDecoding:
+                     a static KV cache kept across calls, the decode step compiled on CUDA): the speed-up,
+                     after its first (compiling) call, reported apart as fast_first_call_s; checked:
+                     fast_same_tokens (the fraction of completions equal to the plain path's under the
+                     same seed: compiled kernels may round differently, so a few may diverge) and
+                     fast_logp_max_diff, the largest |stored behaviour log-prob - the training forward's|
+                     over the fast path's tokens (float rounding: the stored log-probs are exact)
   buffer_fraction  = (buffer.add + buffer.sample + collate) / one whole round of the loop
 and the split of a round (as train.py runs it) between generation and training, with tokens/s.
 The last line printed is one JSON object with every figure.
@@ -34,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import demo  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
-from replay_rl import load_policy, update_step  # noqa: E402
-from rollout import generate_rollouts  # noqa: E402
+from replay_rl import completion_logp, load_policy, update_step  # noqa: E402
+from rollout import FastDecoding, generate_rollouts  # noqa: E402
 from train import Config, pick_device, quiet_libraries  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=20, help="timed repetitions; medians are reported (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
+    p.add_argument("--fast-generation", action="store_true", help="whole rounds (part 3) use the fast path, as "
+                   "train.py --fast-generation does")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, sampling and buffer (default: %(default)s)")
     args = p.parse_args(argv)
     if args.batch_size > args.buffer_size:
@@ -137,6 +146,22 @@ def main(argv=None) -> dict:
         torch.equal(new[i, :len(r.completion_ids)], r.completion_ids) for i, r in enumerate(rollouts))
     rollout_s, generate_s, rollout_overhead = side_by_side(timed, rollout, bare_generate, args.repeats, args.warmup)
 
+    # ---- 1b. the fast path (--fast-generation) vs plain, same prompts and seed -------------------
+    fast = FastDecoding(model)
+
+    def fast_rollout():
+        torch.manual_seed(args.seed)
+        return generate_rollouts(model, tokenizer, prompts, task.reward, fast=fast, **sampling)
+
+    fast_first_s, (fast_rollouts, _) = timed(fast_rollout)         # compiles (on CUDA): minutes at worst
+    fast_same = statistics.mean(float(torch.equal(a.completion_ids, b.completion_ids))
+                                for a, b in zip(rollouts, fast_rollouts))
+    cols = {k: v.to(device) for k, v in collate(fast_rollouts, pad_id).items()}
+    with torch.no_grad():
+        logp, _ = completion_logp(model, cols, cfg.temperature)
+    fast_logp_diff = ((logp - cols["behaviour_logp"]).abs() * cols["completion_mask"]).max().item()
+    fast_s, plain_s, fast_ratio = side_by_side(timed, fast_rollout, rollout, args.repeats, args.warmup)
+
     # ---- 2. update step vs bare step on the same batch -----------------------------------------
     buffer = ReplayBuffer(args.buffer_size, seed=args.seed)
     buffer.add(rollouts)
@@ -171,7 +196,8 @@ def main(argv=None) -> dict:
         prompts = rng.sample(task.train_prompts, args.prompts)
         model.eval()
         t_gen, (rollouts, stats) = timed(
-            lambda: generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=i, **sampling))
+            lambda: generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=i,
+                                      fast=fast if args.fast_generation else None, **sampling))
         model.train()
         t_add, _ = timed(lambda: buffer.add(rollouts))
         t_sample, batch = timed(lambda: buffer.sample(args.batch_size))
@@ -187,6 +213,8 @@ def main(argv=None) -> dict:
 
     result = {
         "rollout_overhead": rollout_overhead,
+        "fast_generation": 1 / fast_ratio, "fast_same_tokens": fast_same, "fast_logp_max_diff": fast_logp_diff,
+        "fast_first_call_s": fast_first_s, "fast_rollout_ms": 1000 * fast_s, "plain_rollout_ms": 1000 * plain_s,
         "update_overhead": update_overhead,
         "buffer_fraction": buffer_ms / ms["total"],
         "generation_fraction": ms["generation"] / ms["total"],
@@ -197,7 +225,7 @@ def main(argv=None) -> dict:
         "update_ms": 1000 * update_s, "bare_update_ms": 1000 * bare_update_s,
         **{f"round_{k}_ms": v for k, v in ms.items()},
         "same_tokens": same_tokens,
-        "model": args.model, "device": device, "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "fast_rounds": args.fast_generation, "model": args.model, "device": device, "dtype": args.dtype, "threads": torch.get_num_threads(),
         "rollouts_per_round": args.prompts * G, "batch_size": args.batch_size, "buffer_size": args.buffer_size,
         "repeats": args.repeats, "torch": torch.__version__,
     }
@@ -213,6 +241,10 @@ def print_table(r: dict, ms: dict, args) -> None:
     print(f"\n{'side by side, same batch':<44}{'ours ms':>9}{'bare ms':>9}{'ratio':>8}")
     print(f"{'generate_rollouts vs model.generate':<44}{r['rollout_ms']:>9.1f}{r['generate_ms']:>9.1f}"
           f"{r['rollout_overhead']:>8.3f}" + ("" if r["same_tokens"] else "   (different tokens!)"))
+    print(f"{'generate_rollouts: fast path vs plain':<44}{r['fast_rollout_ms']:>9.1f}{r['plain_rollout_ms']:>9.1f}"
+          f"{1 / r['fast_generation']:>8.3f}   ({r['fast_generation']:.2f}x faster; same tokens "
+          f"{r['fast_same_tokens']:.0%}, |log-prob error| <= {r['fast_logp_max_diff']:.1e}; first call "
+          f"{r['fast_first_call_s']:.1f} s)")
     print(f"{'update_step vs bare fwd+loss+bwd+AdamW':<44}{r['update_ms']:>9.1f}{r['bare_update_ms']:>9.1f}"
           f"{r['update_overhead']:>8.3f}")
     print("(ms: medians; ratio: median of the per-repetition ratios ours / bare)")

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Measures the README's memory rows (and bench.py's time split) on a GPU, next to memory_estimate.py's figures.
+# On a GPU: the fast generation path and bench.py's time split; the README's memory rows next to
+# memory_estimate.py's figures.
 #
 #     bash benchmarks/gpu_check.sh    # on a machine with a CUDA GPU; meant to take < 8 min on an H200 (never run yet)
 #
 # 1. builds a model with Qwen2.5-0.5B's shapes and random weights (152k vocabulary, the character tokenizer: it
 #    only has to produce ids) in a local folder, and a GSM8K-format .jsonl whose prompts are ~231 tokens;
-# 2. runs the three measured memory rows through train.py (2 rounds: the second one makes the first update,
+# 2. runs benchmarks/bench.py (first: the fast path is what no GPU has measured yet) on the same model (bf16, 128
+#    new tokens, 64 rollouts, 3 repeats), with the fast generation path (--fast-generation: static cache, compiled
+#    decode step) against plain generate: its speed-up, the compile time of its first call, the same-token
+#    fraction and the log-prob check;
+# 3. runs the three measured memory rows through train.py (2 rounds: the second one makes the first update,
 #    of B = 128 rollouts) and prints the largest gen_peak_mem_gb / train_peak_mem_gb / gen_reserved_gb /
 #    train_reserved_gb / peak_mem_gb of each run's metrics.jsonl, with memory_estimate.py's estimate for the same
-#    model folder and longest prompt; the 4-bit row is skipped (with a message) without bitsandbytes;
-# 3. runs benchmarks/bench.py on the same model (bf16, 128 new tokens, 64 rollouts, 3 repeats).
+#    model folder and longest prompt; the 4-bit row is skipped (with a message) without bitsandbytes.
 # Everything printed also goes to $OUT/gpu_check.txt when $OUT is set (with the runs' metrics.jsonl files).
 #
 # Environment (defaults in brackets): GPU_CHECK_DIR work folder [a new temporary folder]; GPU_CHECK_TIE 1 = tied
@@ -17,12 +21,12 @@
 # had [0]; GPU_CHECK_LAYERS, GPU_CHECK_HIDDEN, GPU_CHECK_INTER, GPU_CHECK_HEADS, GPU_CHECK_KV_HEADS,
 # GPU_CHECK_VOCAB: the model's shapes [24, 896, 4864, 14, 2, 151936]; GPU_CHECK_ROWS: which memory rows,
 # e.g. "1 3" [1 2 3]; GPU_CHECK_BENCH=0 skips bench.py; GPU_CHECK_BUILD_ONLY=1 stops after step 1 (a CPU check
-# of the script); GPU_CHECK_DEADLINE: seconds for the whole script [460]; PYTHON [python].
+# of the script); GPU_CHECK_DEADLINE: seconds for the whole script [480]; PYTHON [python].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 WORK=${GPU_CHECK_DIR:-$(mktemp -d /tmp/gpu_check.XXXXXX)}
-DEADLINE=$(( SECONDS + ${GPU_CHECK_DEADLINE:-460} ))
+DEADLINE=$(( SECONDS + ${GPU_CHECK_DEADLINE:-480} ))
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$WORK"
 
@@ -86,7 +90,16 @@ EOF
     [[ ${GPU_CHECK_BUILD_ONLY:-0} == 1 ]] && { echo "GPU_CHECK_BUILD_ONLY=1: stopping after step 1"; return 0; }
     local pmax; pmax=$(cat "$WORK/prompt_max_tokens")
 
-    echo "== 2. memory rows: train.py --max-rounds 2, 8 prompts x 8 generations, B = N = 128, bf16 compute"
+    if [[ ${GPU_CHECK_BENCH:-1} == 1 ]]; then
+        # bench.py's update takes the whole batch at once (micro-batch 0): 64 rollouts keep it near 50 GB
+        echo "== 2. bench.py --model <that model> --dtype bfloat16 --max-new-tokens 128 (64 rollouts, 3 repeats, fast path)"
+        local t0=$SECONDS
+        timeout "$(budget 200)" "$PY" benchmarks/bench.py --model "$WORK/model" --dtype bfloat16 --max-new-tokens 128 \
+            --prompts 8 --num-generations 8 --batch-size 64 --buffer-size 64 --repeats 3 --warmup 1 \
+            --fast-generation 2>&1 | tail -n 25
+        echo "bench.py exit ${PIPESTATUS[0]} after $(( SECONDS - t0 )) s"
+    fi
+    echo "== 3. memory rows: train.py --max-rounds 2, 8 prompts x 8 generations, B = N = 128, bf16 compute"
     local extra=""
     "$PY" train.py --help 2>/dev/null | grep -q -- "--no-plot" && extra="--no-plot"
     local rows=${GPU_CHECK_ROWS:-1 2 3}
@@ -130,14 +143,6 @@ EOF
         [[ -n ${OUT:-} && -f $run/metrics.jsonl ]] && cp "$run/metrics.jsonl" "$OUT/metrics_row$row.jsonl"
     done
 
-    if [[ ${GPU_CHECK_BENCH:-1} == 1 ]]; then
-        # bench.py's update takes the whole batch at once (micro-batch 0): 64 rollouts keep it near 50 GB
-        echo "== 3. bench.py --model <that model> --dtype bfloat16 --max-new-tokens 128 (64 rollouts, 3 repeats)"
-        local t0=$SECONDS
-        timeout "$(budget 110)" "$PY" benchmarks/bench.py --model "$WORK/model" --dtype bfloat16 --max-new-tokens 128 \
-            --prompts 8 --num-generations 8 --batch-size 64 --buffer-size 64 --repeats 3 --warmup 1 2>&1 | tail -n 25
-        echo "bench.py exit ${PIPESTATUS[0]} after $(( SECONDS - t0 )) s"
-    fi
     echo "== done in ${SECONDS} s"
 }
 

@@ -104,3 +104,37 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
     for r in rollouts:                                         # token 13 ('+') ends a completion too
         ids = r.completion_ids.tolist()
         assert not ({1, 13} & set(ids[:-1]))
+
+
+def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
+    """--fast-generation: the same tokens and behaviour log-probs as plain generate under one seed,
+    with the decode step compiled (dynamo with the eager backend: the graph capture CUDA runs,
+    without a compiler), after an update (the compiled step must see the new LoRA weights), and
+    one cache kept across rounds of the same shape."""
+    from transformers import CompileConfig
+
+    from replay_rl import update_step
+    from rollout import FastDecoding
+
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(tiny_path, lora_r=8)
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True          # compile on CPU too (transformers: CUDA only)
+    fast = FastDecoding(model, compile_config)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    prompts, caches = ["1+2=", "45+67=", "9+99=", "80+0="], []
+    for round_ in range(3):
+        batch = prompts if round_ < 2 else prompts[:3]  # round 2: another batch size, a new cache
+        pair = []
+        for f in (None, fast):
+            torch.manual_seed(10 + round_)
+            pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
+                                          max_new_tokens=5, temperature=1.5, fast=f)[0])
+        caches.append(fast.cache)
+        plain, quick = pair
+        assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
+        assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, quick)) < 1e-5
+        loss = update_step(model, optimizer, quick, pad_id=tokenizer.pad_token_id, policy_version=round_)
+        assert loss["grad_norm"] > 0                    # the policy moved: the next round samples anew
+    assert caches[0] is caches[1] and caches[2] is not caches[1]
+    assert fast.shape == (12, 64)                       # 3 prompts x 4; length rounded up to 64
