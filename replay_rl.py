@@ -131,7 +131,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     With beta > 0 and ref_logp [B, T] (the reference model's log-probs), adds beta * KL, with the
     per-token estimate  kl_t = exp(d_t) - d_t - 1,  d_t = log pi_ref(y_t) - log pi_theta(y_t)  (>= 0),
     normalized like the policy term.
-    metrics: is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
+    metrics (0-dim tensors): is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
     tokens whose weight was cut to the cap (tis) or whose clipped term was active (ppo);
     approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta).
     """
@@ -168,17 +168,17 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         kl = reduce(torch.exp(d) - d - 1)
         loss = loss + beta * kl
 
-    with torch.no_grad():
+    with torch.no_grad():       # 0-dim tensors: reading them (float()) waits for a GPU, so the caller decides when
         n = mask.sum().clamp(min=1)
         r = ratio.detach()
         metrics = {
-            "is_ratio_mean": ((r * mask).sum() / n).item(),
-            "is_ratio_max": r.masked_fill(mask == 0, 0).max().item(),
-            "is_truncated_frac": ((cut.float() * mask).sum() / n).item(),
-            "approx_kl": (((r - 1 - log_ratio.detach()) * mask).sum() / n).item(),
+            "is_ratio_mean": (r * mask).sum() / n,
+            "is_ratio_max": r.masked_fill(mask == 0, 0).max(),
+            "is_truncated_frac": (cut.float() * mask).sum() / n,
+            "approx_kl": ((r - 1 - log_ratio.detach()) * mask).sum() / n,
         }
         if kl is not None:
-            metrics["ref_kl"] = kl.item()
+            metrics["ref_kl"] = kl.detach()
     return loss, metrics
 
 
@@ -200,11 +200,14 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     chunks = [rollouts[i:i + micro] for i in range(0, len(rollouts), micro)]
     # Several processes (torchrun): each holds part of the batch. The normalizers are the whole
     # batch's token and sequence counts, and the gradients are summed over the processes below.
-    counts = sum_over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts)],
-                                             dtype=torch.float64))
+    counts = over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts)],
+                                         dtype=torch.float64))
     total_tokens, total_sequences = counts.tolist()
-    sums = {"loss": 0.0, "is_ratio_mean": 0.0, "is_truncated_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
-    ratio_max = 0.0
+    # Metrics add up on the device, read once at the end: each read of a GPU value makes the
+    # host wait until the GPU is idle, and the next forward then starts from an idle GPU.
+    names = ["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"] + (["ref_kl"] if beta > 0 else [])
+    sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+    ratio_max = torch.zeros((), device=device)
     optimizer.zero_grad(set_to_none=True)
     for chunk in chunks:
         batch = {k: v.to(device) for k, v in collate(chunk, pad_id, policy_version).items()}
@@ -219,53 +222,47 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         loss, m = policy_loss(logp, batch["behaviour_logp"], advantage, batch["completion_mask"],
                               loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
                               ref_logp=ref_logp, beta=beta)
-        n_tokens = batch["completion_mask"].sum().item()
-        share = n_tokens / total_tokens if normalization == "token_mean" else len(chunk) / total_sequences
+        token_share = sum(len(r.completion_ids) for r in chunk) / total_tokens        # counted on the host
+        share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share).backward()
-        token_share = n_tokens / total_tokens
-        sums["loss"] += loss.item() * share
-        for k in ("is_ratio_mean", "is_truncated_frac", "approx_kl"):      # token means in every normalization
-            sums[k] += m[k] * token_share
-        if "ref_kl" in m:                                                 # normalized like the loss
-            sums["ref_kl"] = sums.get("ref_kl", 0.0) + m["ref_kl"] * share
-        sums["entropy"] += (entropy * batch["completion_mask"]).sum().item() / total_tokens
-        ratio_max = max(ratio_max, m["is_ratio_max"])
+        with torch.no_grad():   # token means in every normalization; loss and ref_kl normalized like the loss
+            sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share, m["is_truncated_frac"] * token_share,
+                                 m["approx_kl"] * token_share,
+                                 (entropy * batch["completion_mask"]).sum() / total_tokens]
+                                + ([m["ref_kl"] * share] if beta > 0 else [])).double()
+            ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if torch.distributed.is_initialized():      # data parallel: the whole batch's gradient, on every process
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = sum_over_processes(torch.cat([g.flatten() for g in grads]))
+        flat = over_processes(torch.cat([g.flatten() for g in grads]))
         for p, g in zip(params, flat.split([g.numel() for g in grads])):
             p.grad = g.view_as(p).clone()
-        sums = dict(zip(sums, sum_over_processes(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
-        ratio_max = max_over_processes(ratio_max)
+        sums, ratio_max = over_processes(sums), over_processes(ratio_max, "max")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    *values, ratio_max, grad_norm = torch.cat([sums, ratio_max.double()[None], grad_norm.to(sums)[None]]).tolist()
+    metrics = dict(zip(names, values))
     # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
-    skipped = not (math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item())
+    skipped = not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
     ages = [policy_version - r.policy_version for r in rollouts]
-    age_sum, uses_sum = sum_over_processes(torch.tensor([float(sum(ages)), float(sum(r.uses for r in rollouts))],
-                                                        dtype=torch.float64)).tolist()
-    return {**sums, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm.item(),
-            "age_mean": age_sum / total_sequences, "age_max": max_over_processes(max(ages)),
+    age_sum, uses_sum = over_processes(torch.tensor([float(sum(ages)), float(sum(r.uses for r in rollouts))],
+                                                    dtype=torch.float64)).tolist()
+    return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
+            "age_mean": age_sum / total_sequences,
+            "age_max": over_processes(torch.tensor(float(max(ages))), "max").item(),
             "uses_mean": uses_sum / total_sequences}
 
 
-def sum_over_processes(t: torch.Tensor) -> torch.Tensor:
-    """t summed over the processes of a torchrun job (all_reduce), as a new tensor; t itself in one process."""
+def over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """t summed (op "sum") or its "min" / "max" over the processes of a torchrun job (all_reduce),
+    as a new tensor; t itself in one process."""
     if not torch.distributed.is_initialized():
         return t
     t = t.clone()
-    torch.distributed.all_reduce(t)
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN,
+           "max": torch.distributed.ReduceOp.MAX}
+    torch.distributed.all_reduce(t, op=ops[op])
     return t
-
-
-def max_over_processes(x: float) -> float:
-    """x's maximum over the processes of a torchrun job; x itself in one process."""
-    if not torch.distributed.is_initialized():
-        return x
-    t = torch.tensor([float(x)])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return t.item()
