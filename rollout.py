@@ -21,6 +21,8 @@ class BehaviourLogProbs(LogitsProcessor):
     generation_config; before temperature and top-p) and with input_ids that end with the token
     sampled at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next
     call; the last step is gathered in ``finish``. Memory stays O(B * V), not O(B * T * V).
+    (On MPS, transformers runs one decode step more than it returns, so as not to wait on the
+    device; ``finish`` drops that step.)
     log mu is the temperature-scaled softmax, the same distribution the loss evaluates; top-p
     truncation is not modelled (keep top_p = 1.0 for exact importance ratios).
     """
@@ -42,10 +44,12 @@ class BehaviourLogProbs(LogitsProcessor):
         self.prev_logp = logp
         return scores
 
-    def finish(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (token_logp [B, T], entropy [B, T]) for the T generated steps."""
-        self._gather_prev(last_tokens)
-        return torch.stack(self.token_logp, 1), torch.stack(self.entropy, 1)
+    def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (token_logp [B, T], entropy [B, T]) for the T columns of ``completions`` [B, T]."""
+        T = completions.shape[1]
+        if len(self.token_logp) < T:
+            self._gather_prev(completions[:, -1])
+        return torch.stack(self.token_logp[:T], 1), torch.stack(self.entropy[:T], 1)
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -72,37 +76,42 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
 
 
 class FastDecoding:
-    """Faster ``generate`` for the whole run: one static KV cache, so the decode step compiles once.
+    """Faster ``generate`` for the whole run: static KV caches, so the decode step compiles once.
 
     With plain ``generate`` each decode step launches every kernel from Python (on a 0.5B model:
     24 layers, plus two small matmuls per LoRA-adapted linear), and a GPU waits on the launches.
     Given a cache of fixed shape (StaticCache) on CUDA, transformers compiles the decode step with
     torch.compile, mode "reduce-overhead": CUDA graphs replay all of a step's launches at once (the
-    prefill stays eager). On a CPU nothing is compiled unless ``compile_config`` asks (a
-    transformers CompileConfig with ``_compile_all_devices = True``), and the static cache alone is
-    slower than plain generate (bench.py). This object keeps one cache for the run and resets it
-    between rounds: a fresh cache each round would have new addresses and make torch re-record the
-    graphs. Its length only grows (rounded up to ``multiple``), so the compiled step keeps its shapes. What is sampled is unchanged: the same distribution, recorded by the
-    same processor on the step's logits; the LoRA weights are updated in place, so the compiled
-    step sees the current policy. transformers leaves bitsandbytes 4-bit models eager.
-    The first call compiles (tens of seconds).
+    prefill stays eager). This object keeps one cache per batch size for the run, reset between
+    rounds: a fresh cache each round would have new addresses and make torch re-record the graphs.
+    Sized from the start for ``max_length`` tokens (prompt + completion), a cache only grows
+    (rounded up to ``multiple``, a recompile) for a longer call. It holds batch x length keys and
+    values on the device for the whole run. The LoRA weights are updated in place, so the compiled
+    step sees the current policy. The stored log-probs are those of the logits the tokens were
+    sampled from; compiled kernels may round differently from the training forward (is_ratio_mean
+    on fresh data shows it). Not compiled: bitsandbytes 4-bit models (transformers leaves them
+    eager) and a CPU, unless ``compile_config`` asks (a transformers CompileConfig with
+    ``_compile_all_devices = True``); the static cache alone is slower than plain generate there.
     """
 
-    def __init__(self, model, compile_config=None, multiple: int = 64):
+    def __init__(self, model, compile_config=None, max_length: int = 0, multiple: int = 64):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.config, self.compile_config, self.multiple = base.config, compile_config, multiple
         # transformers renamed generate's cache argument (past_key_values -> cache) during 5.x
         self.cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        self.cache, self.shape = None, (0, 0)
+        self.length = -(-max_length // multiple) * multiple
+        self.caches: dict[int, StaticCache] = {}            # batch size -> its cache
 
     def generate_kwargs(self, batch_size: int, length: int) -> dict:
         """Arguments for ``generate`` of ``batch_size`` sequences of up to ``length`` tokens."""
-        if batch_size != self.shape[0] or length > self.shape[1]:      # a new shape: a new cache (and compile)
-            length = -(-max(length, self.shape[1]) // self.multiple) * self.multiple
-            self.cache, self.shape = StaticCache(config=self.config, max_cache_len=length), (batch_size, length)
+        if length > self.length:                    # longer than ever: new caches (and a recompile)
+            self.length, self.caches = -(-length // self.multiple) * self.multiple, {}
+        cache = self.caches.get(batch_size)
+        if cache is None:
+            cache = self.caches[batch_size] = StaticCache(config=self.config, max_cache_len=self.length)
         else:
-            self.cache.reset()
-        return {self.cache_arg: self.cache}
+            cache.reset()
+        return {self.cache_arg: cache}
 
 
 @torch.inference_mode()
@@ -130,12 +139,13 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
                                   compile_config=fast and fast.compile_config)
     recorder = BehaviourLogProbs(temperature)
-    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+    # (+1: on some devices generate runs one step past the end and then drops it)
+    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0], input_ids.shape[1] + max_new_tokens + 1)
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
     completions = sequences[:, input_ids.shape[1]:]                  # [N*G, T]
-    token_logp, token_entropy = recorder.finish(completions[:, -1])
+    token_logp, token_entropy = recorder.finish(completions)
     # Everything below is per-rollout bookkeeping on small [N*G, T] tensors: one copy to the CPU
     # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
     completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()

@@ -562,10 +562,12 @@ def setup(cfg: Config, task) -> Run:
         f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}" + ("" if cfg.reuse else "; each rollout used once"))
     if cfg.fast_generation:
         from rollout import FastDecoding
-        run.fast = FastDecoding(model)
+        # sized once for the longest training prompt: a cache that grows later means a recompile
+        longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))
+        run.fast = FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens) + 1)
         if cfg.load_in_4bit or torch.device(device).type != "cuda":
-            say("--fast-generation: generation stays eager here (transformers compiles the decode step on CUDA "
-                "only, and not for 4-bit models); the static cache alone is slower than plain generate")
+            say("--fast-generation: generation stays eager here (transformers compiles the decode step on a GPU, "
+                "not on a CPU and not for 4-bit models); the static cache alone is slower than plain generate")
     if K * B > R and cfg.reuse:
         say("this is experience replay: each rollout is used about K*B/R times, the rollout ages and the "
             "importance ratios in the metrics show how stale the replayed data is")

@@ -130,11 +130,29 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
             torch.manual_seed(10 + round_)
             pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
                                           max_new_tokens=5, temperature=1.5, fast=f)[0])
-        caches.append(fast.cache)
+        caches.append(fast.caches[len(batch) * 4])
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
         assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, quick)) < 1e-5
         loss = update_step(model, optimizer, quick, pad_id=tokenizer.pad_token_id, policy_version=round_)
         assert loss["grad_norm"] > 0                    # the policy moved: the next round samples anew
     assert caches[0] is caches[1] and caches[2] is not caches[1]
-    assert fast.shape == (12, 64)                       # 3 prompts x 4; length rounded up to 64
+    assert sorted(fast.caches) == [12, 16] and fast.length == 64     # 3 or 4 prompts x 4; rounded up to 64
+
+
+def test_behaviour_logprobs_by_hand_and_an_extra_step_dropped():
+    """BehaviourLogProbs: the log-prob of each sampled token under the step's logits, gathered one call
+    late; a decode step that generate runs past the returned tokens (MPS) does not shift or add any."""
+    from rollout import BehaviourLogProbs
+
+    torch.manual_seed(0)
+    scores = torch.randn(4, 2, 6)                       # steps x batch x vocab
+    tokens = torch.tensor([[1, 5], [0, 2], [3, 3]])     # the tokens sampled at steps 1..3
+    prompt = torch.tensor([[7], [7]])
+    expected = torch.stack([torch.log_softmax(scores[t] / 0.5, -1)[[0, 1], tokens[t]] for t in range(3)], 1)
+    for extra_step in (False, True):
+        rec = BehaviourLogProbs(temperature=0.5)
+        for t in range(4 if extra_step else 3):
+            rec(torch.cat([prompt, tokens[:t].T], 1), scores[t])
+        logp, entropy = rec.finish(tokens.T)
+        assert torch.allclose(logp, expected) and entropy.shape == (2, 3)
