@@ -99,13 +99,18 @@ class FastDecoding:
         self.config, self.compile_config, self.multiple = base.config, compile_config, multiple
         # transformers renamed generate's cache argument (past_key_values -> cache) during 5.x
         self.cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        self.length = -(-max_length // multiple) * multiple
-        self.caches: dict[int, StaticCache] = {}            # batch size -> its cache
+        self.length, self.caches = 0, {}                # cache length; batch size -> its StaticCache
+        self.fit(max_length)
+
+    def fit(self, length: int) -> None:
+        """Caches long enough for ``length`` tokens (prompt + completion); longer than ever: new
+        caches (and a recompile). +1: on some devices (MPS) generate runs one step past the end."""
+        if length + 1 > self.length:
+            self.length, self.caches = -(-(length + 1) // self.multiple) * self.multiple, {}
 
     def generate_kwargs(self, batch_size: int, length: int) -> dict:
         """Arguments for ``generate`` of ``batch_size`` sequences of up to ``length`` tokens."""
-        if length > self.length:                    # longer than ever: new caches (and a recompile)
-            self.length, self.caches = -(-length // self.multiple) * self.multiple, {}
+        self.fit(length)
         cache = self.caches.get(batch_size)
         if cache is None:
             cache = self.caches[batch_size] = StaticCache(config=self.config, max_cache_len=self.length)
@@ -139,8 +144,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
                                   compile_config=fast and fast.compile_config)
     recorder = BehaviourLogProbs(temperature)
-    # (+1: on some devices generate runs one step past the end and then drops it)
-    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0], input_ids.shape[1] + max_new_tokens + 1)
+    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)

@@ -564,7 +564,7 @@ def setup(cfg: Config, task) -> Run:
         from rollout import FastDecoding
         # sized once for the longest training prompt: a cache that grows later means a recompile
         longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))
-        run.fast = FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens) + 1)
+        run.fast = FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens))
         if cfg.load_in_4bit or torch.device(device).type != "cuda":
             say("--fast-generation: generation stays eager here (transformers compiles the decode step on a GPU, "
                 "not on a CPU and not for 4-bit models); the static cache alone is slower than plain generate")

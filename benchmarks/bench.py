@@ -225,7 +225,8 @@ def main(argv=None) -> dict:
         "update_ms": 1000 * update_s, "bare_update_ms": 1000 * bare_update_s,
         **{f"round_{k}_ms": v for k, v in ms.items()},
         "same_tokens": same_tokens,
-        "fast_rounds": args.fast_generation, "model": args.model, "device": device, "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "fast_rounds": args.fast_generation, "model": args.model, "device": device, "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
         "rollouts_per_round": args.prompts * G, "batch_size": args.batch_size, "buffer_size": args.buffer_size,
         "repeats": args.repeats, "torch": torch.__version__,
     }
