@@ -41,9 +41,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import demo  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
+from distributed import pick_device  # noqa: E402
 from replay_rl import completion_logp, load_policy, update_step  # noqa: E402
+from report import quiet_libraries  # noqa: E402
 from rollout import FastDecoding, generate_rollouts  # noqa: E402
-from train import Config, pick_device, quiet_libraries  # noqa: E402
+from train import Config  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

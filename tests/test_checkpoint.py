@@ -1,4 +1,5 @@
 """Checkpoints, exact resume, interruption, and clear failures."""
+import dataclasses
 import json
 import os
 import signal
@@ -10,9 +11,14 @@ import time
 import pytest
 import torch
 
+import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The state.json that the code of commit b4e0b95 (its loop state a dict of string keys) wrote at the
+# end of round 2 of a SMALL run (--max-rounds 2, --no-progress): the layout of the checkpoints
+# people have on disk.
+OLD_STATE = os.path.join(ROOT, "tests", "fixtures", "state-b4e0b95.json")
 SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "32", "--batch-size", "16",
          "--updates-per-round", "2", "--eval-prompts", "50", "--eval-every", "1000", "--seed", "3"]
 
@@ -33,6 +39,58 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
     later = [r for r in a if r["round"] > 2]
     assert len(later) == 4
     assert later == [r for r in b if r["round"] > 2]                      # rounds 3-4: the same metrics
+
+
+def test_loop_state_reads_the_layouts_of_older_checkpoints():
+    old = json.load(open(OLD_STATE))
+    state = dataclasses.asdict(train.LoopState(**checkpoint.upgraded(old["state"], old["config"])))
+    assert {k: state[k] for k in old["state"]} == old["state"]          # every field read, none renamed
+    # checkpoints from before these fields: the saved batch size, zeros, one process
+    older = {k: v for k, v in old["state"].items()
+             if k not in ("round_batch_size", "rollouts_trained", "lapsed_updates", "eval_reward_errors", "world_size")}
+    state = train.LoopState(**checkpoint.upgraded(older, old["config"]))
+    assert (state.round_batch_size, state.rollouts_trained, state.lapsed_updates, state.eval_reward_errors,
+            state.world_size) == (16, 4 * 16, 0, 0, 1)
+
+
+def test_a_checkpoint_written_before_the_typed_loop_state_resumes_exactly(tmp_path, tiny_path):
+    """The old state.json in place of the one the same checkpoint has now: the run goes on as if
+    never interrupted."""
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    train.main(SMALL + ["--output-dir", full, "--max-rounds", "4"])
+    train.main(SMALL + ["--output-dir", part, "--max-rounds", "2"])
+    path = os.path.join(part, "checkpoint-2", "state.json")
+    now, old = json.load(open(path)), json.load(open(OLD_STATE))
+    # The old layout with this run's values where they name this run's files and settings: its
+    # folder and metrics.jsonl (timings print with other digits), the demo model's defaults.
+    old["config"] = {k: now["config"][k] for k in old["config"]}
+    old["state"]["metrics_bytes"] = now["state"]["metrics_bytes"]
+    with open(path, "w") as f:
+        json.dump(old, f)
+    train.main(["--resume", part, "--max-rounds", "4"])
+    # generated tokens count on from the saved figure (the same where the fixture was made)
+    shift = old["state"]["gen_tokens"] - now["state"]["gen_tokens"]
+    a, b = step_rows(full), step_rows(part)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    later = [{**r, "gen_tokens": r["gen_tokens"] - shift} for r in b if r["round"] > 2]
+    assert len(later) == 4 and later == [r for r in a if r["round"] > 2]
+
+
+def test_a_resume_reads_each_checkpoint_file_once(tmp_path, tiny_path, monkeypatch):
+    import safetensors.torch
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
+    reads, load_file, load = [], safetensors.torch.load_file, torch.load
+
+    def counted(real):
+        return lambda path, *a, **k: (reads.append(os.path.relpath(path, run)), real(path, *a, **k))[1]
+
+    monkeypatch.setattr(safetensors.torch, "load_file", counted(load_file))
+    monkeypatch.setattr(torch, "load", counted(load))
+    train.main(["--resume", run, "--max-rounds", "2"])
+    assert sorted(r for r in reads if r.startswith("checkpoint-1")) == [
+        os.path.join("checkpoint-1", name) for name in
+        ("adapter/adapter_model.safetensors", "buffer.safetensors", "optimizer.pt", "rng.safetensors")]
 
 
 def test_resume_refuses_changed_fields_and_missing_checkpoints(tmp_path, tiny_path, capsys):
@@ -73,8 +131,8 @@ def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err
     assert "checkpoint saved" in err and "Traceback" not in err
-    checkpoint = train.find_checkpoint(run)
-    saved = json.load(open(os.path.join(checkpoint, "state.json")))["state"]
+    found = checkpoint.find(run)
+    saved = json.load(open(os.path.join(found, "state.json")))["state"]
     rows = step_rows(run)
     assert rows[-1]["step"] == saved["step"]                              # the last logged step is in it
     result = train.main(["--resume", run, "--max-rounds", str(saved["round"] + 1)])
@@ -100,7 +158,7 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, ti
     proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL
     assert os.path.isdir(os.path.join(run, ".tmp-checkpoint-2"))          # the half-written one
-    assert train.find_checkpoint(run).endswith("checkpoint-1")
+    assert checkpoint.find(run).endswith("checkpoint-1")
     result = train.main(["--resume", run, "--max-rounds", "2"])
     assert result["round"] == 2
 
@@ -185,7 +243,7 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
     monkeypatch.setattr(replay_rl, "update_step", interrupted_update)
     with pytest.raises(SystemExit) as e:
         train.main(flags + ["--output-dir", part])
-    assert e.value.code == 128 + signal.SIGINT and train.find_checkpoint(part).endswith("checkpoint-2")
+    assert e.value.code == 128 + signal.SIGINT and checkpoint.find(part).endswith("checkpoint-2")
     monkeypatch.setattr(replay_rl, "update_step", real)
     train.main(["--resume", part, "--lr", "5e-4"])
 

@@ -6,6 +6,7 @@ import signal
 import pytest
 import torch
 
+import checkpoint
 import train
 
 
@@ -43,7 +44,7 @@ def test_resume_mid_round_with_a_larger_batch_finishes_the_round_as_decided(tmp_
     with pytest.raises(SystemExit):
         train.main(flags)
     monkeypatch.setattr(replay_rl, "update_step", real)
-    state = json.load(open(os.path.join(train.find_checkpoint(str(tmp_path)), "state.json")))["state"]
+    state = json.load(open(os.path.join(checkpoint.find(str(tmp_path)), "state.json")))["state"]
     assert state["pending_updates"] == 1
     capsys.readouterr()
     train.main(["--resume", str(tmp_path), "--batch-size", "32", "--updates-per-round", "3"])

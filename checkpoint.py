@@ -1,0 +1,222 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically, read back once.
+
+    checkpoint-<round>/
+        adapter/             the LoRA weights (PEFT's save_pretrained)
+        optimizer.pt         AdamW's state: tensors and numbers only (read with weights_only=True)
+        buffer.safetensors   the replay buffer        (with W processes, rank r > 0 adds
+        rng.safetensors      torch's RNG streams       buffer-rank<r> and rng-rank<r>)
+        state.json           the loop state, the prompt stream (Python's random), the config
+
+Only tensors and JSON are read: no pickles. Also here: the first Ctrl-C / SIGTERM (StopRequest),
+which lets the loop finish its step and save before it exits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+
+import distributed
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint as read back: each of its files read once, what this rank needs to continue."""
+    path: str
+    state: dict                         # the loop state (train.LoopState's fields)
+    python_rng: list                    # the prompt stream: random.Random.getstate() as JSON
+    config: dict                        # the run's Config
+    adapter: dict[str, torch.Tensor]    # the LoRA weights
+    optimizer: dict                     # the optimizer's state_dict
+    buffer: dict[str, torch.Tensor]     # this rank's buffer shard (ReplayBuffer.state_dict)
+    rng: dict[str, torch.Tensor]        # this rank's torch RNG state ("torch", "cuda")
+
+
+class Damaged(Exception):
+    """A checkpoint file that does not read back, as 'file (reason)'."""
+
+
+def rounds(run_dir: str) -> list[int]:
+    """Rounds of a run folder's checkpoint-<round> folders, in order (not the temporary ones)."""
+    return sorted(int(m.group(1)) for d in os.listdir(run_dir)
+                  if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
+
+
+def newest_first(path: str) -> list[str]:
+    """[path] if it is a checkpoint, else its complete checkpoint-<round> folders, newest first."""
+    if os.path.isfile(os.path.join(path, "state.json")):
+        return [path.rstrip("/")]
+    if not os.path.isdir(path):
+        return []
+    return [os.path.join(path, f"checkpoint-{r}") for r in reversed(rounds(path))
+            if os.path.isfile(os.path.join(path, f"checkpoint-{r}", "state.json"))]
+
+
+def find(path: str) -> str | None:
+    """path itself if it is a checkpoint, else the newest complete checkpoint-<round> inside it."""
+    found = newest_first(path)
+    return found[0] if found else None
+
+
+def shard_name(kind: str, rank: int) -> str:
+    return f"{kind}.safetensors" if rank == 0 else f"{kind}-rank{rank}.safetensors"
+
+
+def read(path: str) -> Checkpoint:
+    """Every file of a checkpoint, read once: this rank's loaded, the other ranks' shards checked
+    (their header and size), so that every rank judges a checkpoint alike. Raises Damaged."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    def reading(name, load):
+        try:
+            return load(os.path.join(path, name))
+        except Exception as e:      # truncated, missing, not a tensor file: "cannot resume from it"
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise Damaged(f"{name} ({type(e).__name__}: {reason})") from e
+
+    def read_json(file):
+        with open(file) as f:
+            return json.load(f)
+
+    saved = reading("state.json", read_json)
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        raise Damaged("state.json (not a saved loop state)")
+    adapter = reading("adapter/adapter_model.safetensors", load_file)
+    rank = distributed.rank()
+    shards = {}
+    for r in range(saved["state"].get("world_size", 1)):
+        for kind in ("buffer", "rng"):
+            if r == rank:
+                shards[kind] = reading(shard_name(kind, r), load_file)
+            else:
+                reading(shard_name(kind, r), lambda p: safe_open(p, "pt").keys())
+    optimizer = reading("optimizer.pt",
+                        lambda p: torch.load(p, map_location="cpu", weights_only=True))
+    return Checkpoint(path.rstrip("/"), upgraded(saved["state"], saved["config"]),
+                      saved["python_rng"], saved["config"], adapter, optimizer, shards["buffer"],
+                      shards["rng"])
+
+
+def upgraded(state: dict, config: dict) -> dict:
+    """A loop state as state.json holds it, with the fields that older checkpoints lack: the
+    batch size of the round, the rollouts trained so far (B per step), zero lapsed updates and
+    eval reward errors, one process."""
+    B = config["batch_size"]
+    return {"round_batch_size": B, "rollouts_trained": state["step"] * B, "lapsed_updates": 0,
+            "eval_reward_errors": 0, "world_size": 1, **state}
+
+
+def newest_readable(run_dir: str) -> Checkpoint | None:
+    """The newest checkpoint of a run folder whose files all read back; says which were skipped."""
+    for path in newest_first(run_dir):
+        try:
+            return read(path)
+        except Damaged as e:
+            print(f"skipping {path}: damaged, {e}", file=sys.stderr)
+    return None
+
+
+def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
+    """Write everything needed to continue exactly, atomically: into a hidden temporary folder
+    first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact.
+    Every rank calls it (each writes its buffer shard and RNG state). state: the loop state (its
+    round names the folder); config: the run's (keep_checkpoints: how many stay); rng: the prompt
+    stream."""
+    from safetensors.torch import save_file
+
+    round = state["round"]
+    final = os.path.join(run_dir, f"checkpoint-{round}")
+    tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
+    if distributed.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    distributed.barrier()
+    save_file(buffer.state_dict(), os.path.join(tmp, shard_name("buffer", distributed.rank())))
+    rng_state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng_state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    save_file(rng_state, os.path.join(tmp, shard_name("rng", distributed.rank())))
+    distributed.barrier()
+    if distributed.is_main():        # the weights and the optimizer state: the same on every rank
+        model.save_pretrained(os.path.join(tmp, "adapter"))
+        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
+            shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
+    distributed.barrier()
+    return final
+
+
+def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
+    """Put a checkpoint's weights, optimizer state, buffer shard and RNG streams in place. The
+    optimizer keeps its learning rate (the one given now: --lr may change on resume). Exits if the
+    ranks hold checkpoints of different rounds."""
+    from peft import set_peft_model_state_dict
+
+    at = {"round": saved.state["round"]}
+    low, high = distributed.minima(at)["round"], distributed.maxima(at)["round"]
+    if low != high:
+        sys.exit(f"error: the processes resumed from different checkpoints (rounds {low:.0f} and "
+                 f"{high:.0f}); resume with --resume "
+                 f"{os.path.dirname(saved.path)}/checkpoint-<round>")
+    set_peft_model_state_dict(model, saved.adapter)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved.optimizer)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    buffer.load_state_dict(saved.buffer)
+    torch.set_rng_state(saved.rng["torch"])
+    if "cuda" in saved.rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(saved.rng["cuda"]))
+    version, internal, gauss = saved.python_rng
+    rng.setstate((version, tuple(internal), gauss))
+
+
+def save_adapter(model, folder: str) -> None:
+    """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0."""
+    if distributed.is_main():
+        model.save_pretrained(folder)
+
+
+def drop_after(run_dir: str, round: int) -> None:
+    """Delete the checkpoints after ``round``: resuming from an earlier one abandons them."""
+    if distributed.is_main():
+        for r in rounds(run_dir):
+            if r > round:
+                shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"))
+
+
+class StopRequest:
+    """First Ctrl-C / SIGTERM: finish the step, save, exit. A second Ctrl-C exits at once."""
+
+    def __init__(self):
+        self.signum = None              # the signal this process received
+        self.agreed = None              # the signal that stops the run, once any process has one
+        self.previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __call__(self, signum, frame):
+        self.signum = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(Ctrl-C again to exit at once, without saving)", file=sys.stderr, flush=True)
+
+    def requested(self) -> bool:
+        """Whether a signal asked to stop, in any process: all stop at the same step, or the others
+        would wait for it forever (a collective: every process asks at the same points)."""
+        if self.agreed is None:
+            self.agreed = int(distributed.maxima({"signal": self.signum or 0})["signal"]) or None
+        return self.agreed is not None
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,254 @@
+"""train.py's command line: one flag per Config field, the rules a config must keep, --resume,
+and what --task and --model name, loaded.
+
+The flags are checked before any model is loaded; a config that breaks a rule stops with one line
+on stderr naming the flag, the value and the rule (exit code 2). With --resume the checkpoint's
+config is the base and the flags given on the command line override it, except the fields the
+checkpoint depends on (RESUME_FIXED). A task or a model that cannot be loaded is one line too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import math
+import os
+import sys
+
+import torch
+
+import checkpoint
+import distributed
+import report
+import tasks
+
+OOM_HELP = ("out of GPU memory. Turn one of these down/on and rerun (or --resume): --load-in-4bit, "
+            "--micro-batch-size (e.g. 8), --batch-size, --num-generations, --max-new-tokens, "
+            "or a smaller --model")
+
+# Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
+RESUME_FIXED = ("model", "warm_start_steps", "task", "reward_mode", "reward", "chat_template",
+                "system_prompt", "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size",
+                "prompts_per_round", "num_generations", "temperature")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")     # one line, no usage dump, no traceback
+
+
+def build_parser(config_class, description: str = "", explicit_only: bool = False):
+    """The CLI, one flag per field of the config dataclass (its help: the field's metadata).
+    explicit_only: flags not given are left out of the result."""
+    parser = OneLineParser(description=description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           argument_default=argparse.SUPPRESS if explicit_only else None)
+    for f in dataclasses.fields(config_class):
+        flag = "--" + f.name.replace("_", "-")
+        default = argparse.SUPPRESS if explicit_only else f.default
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f.metadata["help"])
+        else:
+            extra = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+            parser.add_argument(flag, type=type(f.default), default=default,
+                                metavar=type(f.default).__name__.upper(),
+                                help=f.metadata["help"] + " (default: %(default)s)", **extra)
+    return parser
+
+
+def parse(config_class, argv=None, description: str = ""):
+    """Flags -> (config, the checkpoint to resume from or None), checked before anything is
+    loaded. The checkpoint is read here, once: its files reading back is what makes it one to
+    resume from (the newest such one of a run folder)."""
+    parser = build_parser(config_class, description)
+    cfg = config_class(**vars(parser.parse_args(argv)))
+    saved = None
+    if cfg.resume:
+        saved = resume_point(cfg.resume, parser)
+        config = saved.config
+        saved_world = saved.state.get("world_size", 1)
+        if saved_world != distributed.world_size():
+            parser.error(f"--resume {saved.path}: saved by {saved_world} process(es), resumed with "
+                         f"{distributed.world_size()}: each process holds its own buffer shard; "
+                         f"resume with {saved_world}")
+        given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
+        changed = [f"--{k.replace('_', '-')} (saved {config[k]!r}, given {given[k]!r})"
+                   for k in RESUME_FIXED if k in given and given[k] != config[k]]
+        if changed:
+            parser.error(f"--resume {saved.path}: these fields cannot change on resume: "
+                         f"{', '.join(changed)}")
+        run_dir = os.path.dirname(os.path.abspath(saved.path))
+        cfg = config_class(**{**config, **given, "resume": saved.path, "output_dir": run_dir})
+    problem = config_problem(cfg)
+    if problem:
+        parser.error(problem)       # one line, exit code 2, before any model is loaded
+    return cfg, saved
+
+
+def resume_point(path: str, parser) -> checkpoint.Checkpoint:
+    """The checkpoint --resume names, or the newest of a run folder whose files all read back."""
+    found = checkpoint.find(path)
+    if found is None:
+        parser.error(f"--resume {path}: no checkpoint there (a checkpoint-<round> folder with "
+                     "state.json)")
+    if found != path.rstrip("/"):                   # a run folder
+        saved = checkpoint.newest_readable(path)
+        if saved is None:
+            parser.error(f"--resume {path}: no checkpoint there reads back (all damaged)")
+        return saved
+    try:
+        return checkpoint.read(found)
+    except checkpoint.Damaged as e:
+        parser.error(f"--resume {found}: damaged checkpoint, {e}")
+
+
+def config_problem(cfg) -> str | None:
+    """The first rule the config breaks, as one line naming the field, the value and the rule."""
+    for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size",
+                 "updates_per_round", "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr",
+                 "temperature", "keep_checkpoints", "warm_start_steps", "max_grad_norm",
+                 "lora_alpha", "max_skipped_steps"):
+        if getattr(cfg, name) <= 0:
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
+    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every",
+                 "eval_every_tokens"):
+        if getattr(cfg, name) < 0:
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
+    if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
+        return (f"--task {cfg.task}: unknown; expected {', '.join(tasks.TASK_NAMES)} or a path to "
+                "a .jsonl file")
+    if cfg.task.endswith(".jsonl") and not os.path.isfile(cfg.task):
+        return f"--task {cfg.task}: no such file"
+    W = distributed.world_size()
+    for name in ("prompts_per_round", "batch_size", "buffer_size"):
+        if getattr(cfg, name) % W:
+            return (f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be a multiple of the "
+                    f"number of processes ({W}): each generates, keeps and samples its share")
+    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        return ("--report-to tensorboard: the tensorboard package is not installed "
+                "(pip install tensorboard)")
+    if cfg.batch_size > cfg.buffer_size:
+        return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
+    if cfg.buffer_size < cfg.rollouts_per_round:
+        return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
+                f"(prompts_per_round x num_generations = {cfg.rollouts_per_round})")
+    if cfg.num_generations == 1 and cfg.loss != "asymre":
+        return (f"--num-generations 1: a group of one has advantage 0, so the {cfg.loss} loss has "
+                "no gradient; use 2 or more (asymre, whose coefficient r - (V - tau) is tau "
+                "there, can train with 1)")
+    if cfg.skip_zero_advantage and cfg.loss == "asymre":
+        return ("--skip-zero-advantage with --loss asymre: asymre trains on all-equal groups too "
+                "(coefficient tau, not 0), so the filter would change its objective; use it with "
+                "tis or ppo")
+    if not 0 <= cfg.keep_correct_frac < 1:
+        return f"--keep-correct-frac {cfg.keep_correct_frac}: must be in [0, 1)"
+    if cfg.beta < 0:
+        return f"--beta {cfg.beta}: must be >= 0"
+    if cfg.is_cap < 1:
+        return (f"--is-cap {cfg.is_cap}: must be >= 1 (a cap below 1 down-weights even on-policy "
+                "tokens)")
+    if not 0 < cfg.top_p <= 1:
+        return f"--top-p {cfg.top_p}: must be in (0, 1]"
+    if not 0 < cfg.epsilon < 1:
+        return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
+    return None
+
+
+def load_task(cfg) -> tasks.Task:
+    """The task (prompts, reference answers, reward), or a one-line exit."""
+    try:
+        task = tasks.load_task(cfg.task, reward_mode=cfg.reward_mode)
+        if cfg.reward:
+            task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
+    except (ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    if cfg.prompts_per_round > len(task.train_prompts):
+        print(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the task has only "
+              f"{len(task.train_prompts)} training prompts", file=sys.stderr)
+        sys.exit(2)
+    if cfg.model == "tiny" and task.target is None:
+        sys.exit(f"error: --model tiny is the embedded demo for --task addition; for {cfg.task} "
+                 "pass a real model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
+    return task
+
+
+def load_model(cfg, task: tasks.Task, device: str, rank: int):
+    """(policy with a fresh LoRA adapter, tokenizer, task with its prompts in the chat template)."""
+    import demo
+    from replay_rl import load_policy
+
+    model_path = cfg.model
+    if cfg.model == "tiny":                     # built once (rank 0), then loaded from the cache
+        if rank == 0:
+            model_path = demo.tiny_model(task, cfg.warm_start_steps)
+        distributed.barrier()
+        model_path = demo.tiny_model(task, cfg.warm_start_steps)
+    torch.manual_seed(cfg.seed + rank)          # after the warm start, which may have used the RNG
+    dtype = pick_dtype(cfg.dtype, device)
+    if not os.path.isdir(model_path):
+        tasks.use_local_cache_if_offline()
+    try:
+        model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                       load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
+                                       gradient_checkpointing=cfg.gradient_checkpointing,
+                                       trust_remote_code=cfg.trust_remote_code)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.exit(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a local folder, or "
+                 "download it once with network (it is then cached)")
+    if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
+        system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+        task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
+            system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+    elif cfg.system_prompt:
+        sys.exit("error: --system-prompt needs a tokenizer with a chat template")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
+        f"{', 4-bit' if cfg.load_in_4bit else ''}): "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+        f"{trainable / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
+    return model, tokenizer, task
+
+
+def pick_dtype(name: str, device: str) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
+    """--fast-generation: a rollout.FastDecoding kept for the run."""
+    from rollout import FastDecoding
+
+    # sized once for the longest training prompt: a cache that grows later means a recompile
+    longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))
+    if cfg.load_in_4bit or torch.device(device).type != "cuda":
+        report.say(cfg, "--fast-generation: generation stays eager here (transformers compiles the "
+                   "decode step on a GPU, not on a CPU and not for 4-bit models); the static cache "
+                   "alone is slower than plain generate")
+    return FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens))
+
+
+class CheckedReward:
+    """The task's reward(prompt, completion), checked: a finite float. One that raises stops the
+    run with one line naming the prompt and the completion, or (--on-reward-error zero) scores 0
+    and is counted in ``errors``."""
+
+    def __init__(self, reward, on_error: str):
+        self.reward, self.on_error, self.errors = reward, on_error, 0
+
+    def __call__(self, prompt: str, completion: str) -> float:
+        try:
+            value = float(self.reward(prompt, completion))
+            if not math.isfinite(value):
+                raise ValueError(f"non-finite reward {value}")
+            return value
+        except Exception as e:
+            if self.on_error != "zero":
+                sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "
+                         f"{completion!r}: {type(e).__name__}: {e} (--on-reward-error zero scores "
+                         "such cases 0)")
+            self.errors += 1
+            return 0.0

@@ -1,0 +1,186 @@
+"""What a run writes and prints: metrics.jsonl, TensorBoard scalars, curves.png, the progress bar
+and the end-of-run summary. Rank 0 writes and prints; on the other ranks of a torchrun job the
+same calls do nothing, so the loop calls them on every rank alike.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+
+import distributed
+
+
+# the loop's counters, at the head of every line of metrics.jsonl
+COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps",
+            "reward_errors", "idle_rounds", "lapsed_updates")
+
+
+class Report:
+    """The run folder's metrics.jsonl (one JSON object a line: a step, or an eval), the same
+    figures as TensorBoard scalars (--report-to tensorboard), curves.png and the progress bar.
+    cfg: train.Config; state: train.LoopState, as loaded when resumed: metrics.jsonl is then cut
+    back to its length at the checkpoint (later lines belong to an abandoned timeline)."""
+
+    def __init__(self, run_dir: str, cfg, state, resumed: bool):
+        from tqdm import tqdm
+
+        self.run_dir, self.metrics, self.board = run_dir, None, None
+        have_matplotlib = importlib.util.find_spec("matplotlib") is not None
+        self.plot = cfg.plot and distributed.is_main() and have_matplotlib
+        if distributed.is_main():
+            path = os.path.join(run_dir, "metrics.jsonl")
+            if resumed:
+                with open(path, "a") as f:
+                    f.truncate(state.metrics_bytes)
+            self.metrics = open(path, "a" if resumed else "w")
+            if cfg.report_to == "tensorboard":
+                from torch.utils.tensorboard import SummaryWriter
+                self.board = SummaryWriter(log_dir=run_dir,
+                                           purge_step=state.step + 1 if resumed else None)
+            if cfg.plot and not have_matplotlib:
+                say(cfg, "matplotlib is not installed: no curves.png (pip install matplotlib; "
+                    "or python plot.py RUN later)")
+        self.bar = tqdm(total=cfg.max_rounds, initial=state.round, desc="rounds",
+                        dynamic_ncols=True, disable=not cfg.progress or not distributed.is_main())
+
+    def row(self, state, row: dict) -> int:
+        """One line of metrics.jsonl, the loop state's COUNTERS then the row (and its numbers as
+        TensorBoard scalars, at the step). Returns the length of metrics.jsonl (0 on the other
+        ranks, which save no loop state). state: train.LoopState."""
+        if self.metrics is None:
+            return 0
+        row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if self.board is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    tag = ("eval/" if key.startswith("eval_") else "train/") + key
+                    self.board.add_scalar(tag, value, row["step"])
+        return self.metrics.tell()
+
+    def curves(self) -> None:
+        """Redraw curves.png (with --plot and matplotlib); a failure only warns."""
+        if not self.plot:
+            return
+        try:
+            import plot
+            plot.plot_run(self.run_dir)
+        except Exception as e:      # a figure is not worth a run (a full disk, a matplotlib quirk)
+            print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)
+
+    def progress(self, round: int, **postfix) -> None:
+        self.bar.update(round - self.bar.n)
+        self.bar.set_postfix(**postfix)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.board is not None:
+            self.board.close()
+
+
+def peak_memory(stats: dict, phase: str) -> None:
+    """Peak GPU memory of a phase of the round in GB (2^30 bytes), the highest so far, into stats:
+    allocated by tensors (<phase>_peak_mem_gb), reserved by the allocator (<phase>_reserved_gb)."""
+    for key, peak in ((f"{phase}_peak_mem_gb", torch.cuda.max_memory_allocated()),
+                      (f"{phase}_reserved_gb", torch.cuda.max_memory_reserved())):
+        stats[key] = max(stats.get(key, 0.0), peak / 2**30)
+
+
+def save_config(run_dir: str, config: dict) -> None:
+    """The run folder, with config.json (rank 0)."""
+    if distributed.is_main():
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+
+
+def say(cfg, text: str) -> None:
+    """A line of the start-up or end-of-run summary: printed once (rank 0), unless --no-progress."""
+    if cfg.progress:
+        distributed.print0(text)
+
+
+def start(cfg, task, world: int) -> None:
+    """The start-up summary: the task, the round, and the derived quantities of replay."""
+    R, N, B, K = cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size, cfg.updates_per_round
+    say(cfg, f"task {task.name}: {len(task.train_prompts)} training prompts, "
+        f"{min(cfg.eval_prompts, len(task.eval_prompts))} held-out eval prompts")
+    say(cfg, f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x "
+        f"{cfg.num_generations}); K={K} updates of B={B} from a buffer of N={N}"
+        + (f"; {world} processes, each 1/{world} of R, N and B" if world > 1 else ""))
+    say(cfg, f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = "
+        f"{N / R:.1f} rounds; loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}"
+        + ("" if cfg.reuse else "; each rollout used once"))
+    if K * B > R and cfg.reuse:
+        say(cfg, "this is experience replay: each rollout is used about K*B/R times, the rollout "
+            "ages and the importance ratios in the metrics show how stale the replayed data is")
+
+
+def resumed(cfg, state, saved_config: dict) -> None:
+    """What a resume continues from; an interrupted round finishes with its saved B and K."""
+    say(cfg, f"resumed from {cfg.resume}: round {state.round}, step {state.step}")
+    B, K = cfg.batch_size, cfg.updates_per_round
+    changed = state.round_batch_size != B or saved_config["updates_per_round"] != K
+    if state.pending_updates and changed:
+        # The interrupted round's updates were decided with the saved B and K: they finish so.
+        say(cfg, f"the interrupted round finishes its {state.pending_updates} remaining update(s) "
+            f"with the saved B={state.round_batch_size}; --batch-size {B} / --updates-per-round "
+            f"{K} apply from round {state.round + 1}")
+
+
+def summary(cfg, state, run_dir: str) -> None:
+    """The end-of-run lines: accuracy, tokens and the time split, mu, what replay saved, and the
+    counts of anything skipped. cfg: train.Config; state: train.LoopState."""
+    first, last = state.first_accuracy, state.last_accuracy
+    total = state.gen_seconds + state.train_seconds
+    say(cfg, f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state.step} steps "
+        f"({last - first:+.3f})")
+    say(cfg, f"generated {state.gen_tokens} completion tokens in {state.round} rounds; time "
+        f"generation {state.gen_seconds:.1f} s / training {state.train_seconds:.1f} s "
+        f"({100 * state.gen_seconds / max(total, 1e-9):.0f}% generating)")
+    generated, trained = state.round * cfg.rollouts_per_round, state.rollouts_trained
+    if generated and trained and state.train_seconds > 0:
+        mu = (state.gen_seconds / generated) / (state.train_seconds / trained)
+        say(cfg, f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one "
+            f"(on a GPU, 8-27)")
+        if trained > generated:
+            # An on-policy run (R = B, K = 1) generates one rollout per rollout trained.
+            on_policy_tokens = state.gen_tokens * trained / generated
+            saved = on_policy_tokens - state.gen_tokens
+            say(cfg, f"replay: each rollout was used {trained / generated:.2f} times; an "
+                f"on-policy run with as many updates would have generated "
+                f"~{on_policy_tokens:,.0f} tokens: this run saved ~{saved:,.0f} "
+                f"({1 - generated / trained:.0%} of generation)")
+    if state.skipped_steps or state.reward_errors:
+        say(cfg, f"skipped steps (NaN/inf): {state.skipped_steps}; reward errors scored 0: "
+            f"{state.reward_errors}")
+    if state.eval_reward_errors:
+        say(cfg, f"reward errors scored 0 during evals: {state.eval_reward_errors}")
+    if state.idle_rounds:
+        say(cfg, f"rounds without an update (the buffer held fewer than B={cfg.batch_size} "
+            f"rollouts): {state.idle_rounds}")
+    if state.lapsed_updates:
+        say(cfg, f"updates skipped because fewer than B rollouts were left (each used once with "
+            f"--no-reuse, or older than --max-age): {state.lapsed_updates}")
+    curves = ", curves.png" if cfg.plot and importlib.util.find_spec("matplotlib") else ""
+    say(cfg, f"run folder: {run_dir} (metrics.jsonl, adapter/, checkpoint-{state.round}/{curves})")
+
+
+def quiet_libraries() -> None:
+    """Hide library chatter that says nothing of the run (weight-loading bars, optional kernels)."""
+    import logging
+    import warnings
+
+    import transformers
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+    warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*")
