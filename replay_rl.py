@@ -193,16 +193,19 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
     A step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
     and the optimizer state stay as they were. Under torchrun each process passes its share of the
-    batch; the step and the metrics are those of the whole batch, the same on every process.
+    batch; the step and the metrics are those of the whole batch, the same on every process, at
+    three collectives a step: the batch's counts, the gradients with the metric sums, the maxima.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
     chunks = [rollouts[i:i + micro] for i in range(0, len(rollouts), micro)]
     # Several processes (torchrun): each holds part of the batch. The normalizers are the whole
-    # batch's token and sequence counts, and the gradients are summed over the processes below.
-    counts = over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts)],
-                                         dtype=torch.float64))
-    total_tokens, total_sequences = counts.tolist()
+    # batch's token and sequence counts (one sum with the ages and use counts); the gradients are
+    # summed over the processes below, with the metrics.
+    ages = [policy_version - r.policy_version for r in rollouts]
+    counts = _over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts),
+                                           sum(ages), sum(r.uses for r in rollouts)], dtype=torch.float64))
+    total_tokens, total_sequences, age_sum, uses_sum = counts.tolist()
     # Metrics add up on the device, read once at the end: each read of a GPU value makes the
     # host wait until the GPU is idle, and the next forward then starts from an idle GPU.
     names = ["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"] + (["ref_kl"] if beta > 0 else [])
@@ -234,12 +237,14 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if torch.distributed.is_initialized():      # data parallel: the whole batch's gradient, on every process
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = over_processes(torch.cat([g.flatten() for g in grads]))
-        for p, g in zip(params, flat.split([g.numel() for g in grads])):
-            p.grad = g.view_as(p).clone()
-        sums, ratio_max = over_processes(sums), over_processes(ratio_max, "max")
+        flat = _over_processes(torch.cat([g.flatten().float() for g in grads] + [sums.float()]))
+        for p, g in zip(params, flat[:-len(names)].split([g.numel() for g in grads])):
+            p.grad = g.view_as(p).to(p.dtype, copy=True)
+        sums = flat[-len(names):].double()          # the metric sums travelled with the gradient
+    maxima = _over_processes(torch.stack([ratio_max.double(), torch.tensor(float(max(ages)), device=device,
+                                                                           dtype=torch.float64)]), "max")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    *values, ratio_max, grad_norm = torch.cat([sums, ratio_max.double()[None], grad_norm.to(sums)[None]]).tolist()
+    *values, ratio_max, age_max, grad_norm = torch.cat([sums, maxima, grad_norm.to(sums)[None]]).tolist()
     metrics = dict(zip(names, values))
     # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
     skipped = not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm))
@@ -247,22 +252,17 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
-    ages = [policy_version - r.policy_version for r in rollouts]
-    age_sum, uses_sum = over_processes(torch.tensor([float(sum(ages)), float(sum(r.uses for r in rollouts))],
-                                                    dtype=torch.float64)).tolist()
     return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
-            "age_mean": age_sum / total_sequences,
-            "age_max": over_processes(torch.tensor(float(max(ages))), "max").item(),
-            "uses_mean": uses_sum / total_sequences}
+            "age_mean": age_sum / total_sequences, "age_max": age_max, "uses_mean": uses_sum / total_sequences}
 
 
-def over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """t summed (op "sum") or its "min" / "max" over the processes of a torchrun job (all_reduce),
-    as a new tensor; t itself in one process."""
+def _over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """t summed (op "sum") or its "max" over the processes of a torchrun job (one all_reduce), as a
+    new tensor; t itself in one process. (train.py's other figures go through distributed.py; this
+    private copy keeps replay_rl.py whole on its own.)"""
     if not torch.distributed.is_initialized():
         return t
     t = t.clone()
-    ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN,
-           "max": torch.distributed.ReduceOp.MAX}
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}
     torch.distributed.all_reduce(t, op=ops[op])
     return t

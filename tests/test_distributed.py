@@ -61,6 +61,8 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         from safetensors.torch import load_file, save_file
         buf = ReplayBuffer(10**6)
         buf.load_state_dict(load_file({str(tmp_path / "rollouts.safetensors")!r}))
+        collectives, all_reduce = [], dist.all_reduce
+        dist.all_reduce = lambda *a, **k: (collectives.append(1), all_reduce(*a, **k))[1]
         out = {{}}
         for normalization in ("token_mean", "sequence_mean"):
             torch.manual_seed(0)
@@ -70,9 +72,10 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
                     p.data.normal_(0, 0.05)
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
             mine = buf.items[rank::world]           # this rank's share of the batch
+            collectives.clear()
             m = replay_rl.update_step(model, opt, mine, pad_id=tok.pad_token_id, policy_version=0,
                                       normalization=normalization, micro_batch_size=2, beta=0.05)
-            out[normalization] = m
+            out[normalization] = {{**m, "collectives": len(collectives)}}
             if rank == 0:
                 save_file({{n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}},
                           {str(tmp_path)!r} + f"/{{normalization}}.safetensors")
@@ -97,6 +100,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
                     "ref_kl", "grad_norm", "age_mean", "uses_mean"):
             assert ranked[normalization][key] == pytest.approx(m[key], rel=1e-5, abs=1e-7), (normalization, key)
         assert m["grad_norm"] > 1e-3                          # a real step, not a no-op that trivially agrees
+        assert 0 < ranked[normalization]["collectives"] <= 3    # counts; gradients and metric sums; maxima
 
 
 def step_rows(run_dir):
