@@ -8,7 +8,8 @@
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - eps, 1 + eps) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
         L     = - sum_t (r - (V - tau)) * log pi_theta(y_t)      V = mean reward of the group
-        (the caller passes A = r - (V - tau); tau > 0 favours what went right over what went wrong)
+        (policy_loss takes r and V as ``reward`` and ``baseline`` and forms the coefficient itself:
+        not the group-normalized A; tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
@@ -121,13 +122,17 @@ def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 
     return logp, entropy
 
 
-def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor,
+def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor | None,
                 mask: torch.Tensor, *, loss_type: str = "tis", is_cap: float = 2.0,
                 epsilon: float = 0.2, normalization: str = "token_mean",
-                ref_logp: torch.Tensor | None = None, beta: float = 0.0):
+                ref_logp: torch.Tensor | None = None, beta: float = 0.0,
+                reward: torch.Tensor | None = None, baseline: torch.Tensor | None = None,
+                asymre_tau: float = 0.1):
     """The off-policy policy-gradient loss (see the module docstring for the formulas).
 
-    logp, behaviour_logp, mask: [B, T];  advantage: [B].   Returns (loss, metrics).
+    logp, behaviour_logp, mask: [B, T];  advantage: [B], the group-normalized A of tis and ppo.
+    asymre uses no advantage: it needs reward r [B] and baseline V [B] (the group's mean reward)
+    and weighs log pi by r - (V - asymre_tau); without them it raises.   Returns (loss, metrics).
     With beta > 0 and ref_logp [B, T] (the reference model's log-probs), adds beta * KL, with the
     per-token estimate  kl_t = exp(d_t) - d_t - 1,  d_t = log pi_ref(y_t) - log pi_theta(y_t)  (>= 0),
     normalized like the policy term.
@@ -137,7 +142,14 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     """
     log_ratio = logp - behaviour_logp
     ratio = torch.exp(log_ratio)                                     # rho_t
-    A = advantage[:, None]
+    if loss_type == "asymre":
+        if reward is None or baseline is None:
+            raise ValueError("loss_type 'asymre' weighs log pi by r - (V - tau), not by the "
+                             "group-normalized advantage: pass reward and baseline (V, the mean "
+                             "reward of each rollout's group)")
+        A = (reward - (baseline - asymre_tau))[:, None]
+    else:
+        A = advantage[:, None]
     if loss_type == "tis":
         weight = ratio.detach().clamp(max=is_cap)
         per_token = -weight * A * logp
@@ -219,12 +231,10 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         if beta > 0:        # the reference model is the base model: the same weights, adapter off
             with torch.no_grad(), model.disable_adapter():
                 ref_logp, _ = completion_logp(model, batch, temperature)
-        advantage = batch["advantage"]
-        if loss_type == "asymre":
-            advantage = batch["reward"] - (batch["baseline"] - asymre_tau)
-        loss, m = policy_loss(logp, batch["behaviour_logp"], advantage, batch["completion_mask"],
+        loss, m = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"],
                               loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
-                              ref_logp=ref_logp, beta=beta)
+                              ref_logp=ref_logp, beta=beta, reward=batch["reward"], baseline=batch["baseline"],
+                              asymre_tau=asymre_tau)
         token_share = sum(len(r.completion_ids) for r in chunk) / total_tokens        # counted on the host
         share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share).backward()

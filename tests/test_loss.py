@@ -104,10 +104,56 @@ def test_kl_to_reference_by_hand():
 def test_asymre_is_reinforce_with_the_given_coefficient_and_no_ratio():
     lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
     mu = [[-5.0, -0.1, -2.0], [-0.3, -3.0, -9.0]]               # stale: must not matter
-    # coefficients r - (V - tau): e.g. r = 1, V = 0.25, tau = 0.1 -> 0.85;  r = 0, V = 0.25 -> -0.15
+    # coefficients r - (V - tau): r = 1, V = 0.25, tau = 0.1 -> 0.85;  r = 0, V = 0.25 -> -0.15
     logp = torch.tensor(lp, requires_grad=True)
-    loss, _ = policy_loss(logp, torch.tensor(mu), torch.tensor([0.85, -0.15]), MASK, loss_type="asymre")
+    loss, _ = policy_loss(logp, torch.tensor(mu), None, MASK, loss_type="asymre", reward=torch.tensor([1.0, 0.0]),
+                          baseline=torch.tensor([0.25, 0.25]), asymre_tau=0.1)
     loss.backward()
     assert loss.item() == pytest.approx(-(0.85 * -3.5 + -0.15 * -1.0) / 5)
     expected = torch.tensor([[-0.85, -0.85, -0.85], [0.15, 0.15, 0.0]]) / 5
     assert torch.allclose(logp.grad, expected)
+
+
+def test_asymre_takes_reward_and_baseline_never_the_normalized_advantage():
+    """The trap of copying policy_loss alone: asymre's coefficient is r - (V - tau), not the
+    group-normalized advantage. Passed both, it uses r and V; passed the advantage alone, it refuses."""
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
+    # two members of a group whose rewards are [1, 0, 0, 0]: V = 0.25, sample std 0.5, so the
+    # normalized advantages are (1 - 0.25) / 0.5 = 1.5 and (0 - 0.25) / 0.5 = -0.5
+    reward, baseline, normalized = torch.tensor([1.0, 0.0]), torch.tensor([0.25, 0.25]), torch.tensor([1.5, -0.5])
+    logp = torch.tensor(lp, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.tensor(lp), normalized, MASK, loss_type="asymre", reward=reward,
+                          baseline=baseline, asymre_tau=0.1)
+    loss.backward()
+    # r - (V - tau) = 0.85 and -0.15; with the advantages it would be -(1.5 * -3.5 - 0.5 * -1.0) / 5 = 0.95
+    assert loss.item() == pytest.approx(-(0.85 * -3.5 + -0.15 * -1.0) / 5)           # = 0.565
+    assert torch.allclose(logp.grad, torch.tensor([[-0.85, -0.85, -0.85], [0.15, 0.15, 0.0]]) / 5)
+    tau_zero, _ = policy_loss(logp, torch.tensor(lp), normalized, MASK, loss_type="asymre", reward=reward,
+                              baseline=baseline, asymre_tau=0.0)
+    assert tau_zero.item() == pytest.approx(-(0.75 * -3.5 + -0.25 * -1.0) / 5)       # tau shifts V
+    with pytest.raises(ValueError, match="reward and baseline"):
+        policy_loss(logp, torch.tensor(lp), normalized, MASK, loss_type="asymre")
+
+
+def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
+    """update_step passes each rollout's reward and group baseline to the asymre loss: its stored
+    advantage, set to nonsense here, does not enter."""
+    import replay_rl
+    from buffer import collate
+    from rollout import generate_rollouts
+    torch.manual_seed(0)
+    model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+    rollouts, _ = generate_rollouts(model, tok, ["1+2=", "45+67=", "9+99="], addition.reward, num_generations=4,
+                                    max_new_tokens=5)
+    for i, r in enumerate(rollouts):    # each group's rewards [1, 0, 0, 1]: V = 0.5, so r - (V - 0.1) = 0.6 / -0.4
+        r.reward, r.baseline, r.advantage = float(i % 4 in (0, 3)), 0.5, 100.0
+    batch = collate(rollouts, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = replay_rl.completion_logp(model, batch)
+    coefficient = torch.tensor([0.6 if i % 4 in (0, 3) else -0.4 for i in range(len(rollouts))])
+    mask = batch["completion_mask"]
+    expected = -(coefficient[:, None] * logp * mask).sum() / mask.sum()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+                              loss_type="asymre", asymre_tau=0.1)
+    assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
