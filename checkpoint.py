@@ -34,8 +34,8 @@ class Checkpoint:
     config: dict                        # the run's Config
     adapter: dict[str, torch.Tensor]    # the LoRA weights
     optimizer: dict                     # the optimizer's state_dict
-    buffer: dict[str, torch.Tensor]     # this rank's buffer shard (ReplayBuffer.state_dict)
-    rng: dict[str, torch.Tensor]        # this rank's torch RNG state ("torch", "cuda")
+    buffer: dict[str, torch.Tensor] | None  # this rank's buffer shard (ReplayBuffer.state_dict);
+    rng: dict[str, torch.Tensor] | None     # its torch RNG state. None: saved by fewer processes
 
 
 class Damaged(Exception):
@@ -85,8 +85,12 @@ def read(path: str) -> Checkpoint:
         with open(file) as f:
             return json.load(f)
 
+    def read_header(file):
+        with safe_open(file, "pt") as f:       # fails on a truncated file, as loading would
+            return list(f.keys())
+
     saved = reading("state.json", read_json)
-    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+    if not isinstance(saved, dict) or not {"state", "python_rng", "config"} <= saved.keys():
         raise Damaged("state.json (not a saved loop state)")
     adapter = reading("adapter/adapter_model.safetensors", load_file)
     rank = distributed.rank()
@@ -96,12 +100,12 @@ def read(path: str) -> Checkpoint:
             if r == rank:
                 shards[kind] = reading(shard_name(kind, r), load_file)
             else:
-                reading(shard_name(kind, r), lambda p: safe_open(p, "pt").keys())
+                reading(shard_name(kind, r), read_header)
     optimizer = reading("optimizer.pt",
                         lambda p: torch.load(p, map_location="cpu", weights_only=True))
     return Checkpoint(path.rstrip("/"), upgraded(saved["state"], saved["config"]),
-                      saved["python_rng"], saved["config"], adapter, optimizer, shards["buffer"],
-                      shards["rng"])
+                      saved["python_rng"], saved["config"], adapter, optimizer,
+                      shards.get("buffer"), shards.get("rng"))
 
 
 def upgraded(state: dict, config: dict) -> dict:

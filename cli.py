@@ -67,7 +67,7 @@ def parse(config_class, argv=None, description: str = ""):
     if cfg.resume:
         saved = resume_point(cfg.resume, parser)
         config = saved.config
-        saved_world = saved.state.get("world_size", 1)
+        saved_world = saved.state["world_size"]
         if saved_world != distributed.world_size():
             parser.error(f"--resume {saved.path}: saved by {saved_world} process(es), resumed with "
                          f"{distributed.world_size()}: each process holds its own buffer shard; "

@@ -93,6 +93,20 @@ def test_a_resume_reads_each_checkpoint_file_once(tmp_path, tiny_path, monkeypat
         ("adapter/adapter_model.safetensors", "buffer.safetensors", "optimizer.pt", "rng.safetensors")]
 
 
+def test_resume_with_more_processes_than_saved_is_one_line_on_every_rank(tmp_path, tiny_path, capsys,
+                                                                         monkeypatch):
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
+    capsys.readouterr()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):                 # rank 1 has no shard in a 1-process checkpoint
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            train.parse_config(["--resume", run])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and "saved by 1 process(es), resumed with 2" in err[0]
+
+
 def test_resume_refuses_changed_fields_and_missing_checkpoints(tmp_path, tiny_path, capsys):
     run = str(tmp_path / "run")
     train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
