@@ -38,7 +38,8 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny' builds the embedded demo model for the task")
-    warm_start_steps: int = opt(650, "tiny model only: supervised warm-start steps (fewer: weaker start, sparser rewards)")
+    warm_start_steps: int = opt(2000, "tiny model only: warm-start steps on correct sums (then the sloppy teacher)")
+    warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped in demo.safetensors)")
     task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'gsm8k' (openai/gsm8k) "
                                 "or a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient takes the last number",
@@ -79,9 +80,9 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = whole batch")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (adapter off: no second copy); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(600, "stop after this many rounds")
+    max_rounds: int = opt(200, "stop after this many rounds")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were generated; 0 = none")
-    eval_every: int = opt(50, "greedy eval on held-out prompts every this many rounds")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds")
     eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple of this; 0 = off")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
@@ -110,7 +111,7 @@ class Config:
 
 
 # Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
-RESUME_FIXED = ("model", "warm_start_steps", "task", "reward_mode", "reward", "chat_template", "system_prompt",
+RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_mode", "reward", "chat_template", "system_prompt",
                 "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size", "prompts_per_round", "num_generations",
                 "temperature")
 
@@ -158,7 +159,7 @@ def parse_config(argv=None) -> Config:
                          f"each process holds its own buffer shard; resume with {saved_world}")
         given = vars(build_parser(explicit_only=True).parse_args(argv))
         changed = [f"--{k.replace('_', '-')} (saved {saved[k]!r}, given {given[k]!r})"
-                   for k in RESUME_FIXED if k in given and given[k] != saved[k]]
+                   for k in RESUME_FIXED if k in given and given[k] != saved.get(k, getattr(Config, k))]
         if changed:
             parser.error(f"--resume {checkpoint}: these fields cannot change on resume: {', '.join(changed)}")
         run_dir = os.path.dirname(os.path.abspath(checkpoint))
@@ -177,7 +178,7 @@ def config_problem(cfg: Config) -> str | None:
                  "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every",
+    for name in ("warm_start_seed", "max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every",
                  "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
@@ -511,9 +512,9 @@ def setup(cfg: Config, task) -> Run:
     model_path = cfg.model
     if cfg.model == "tiny":                       # built once (rank 0), then loaded from the cache
         if rank == 0:
-            model_path = demo.tiny_model(task, cfg.warm_start_steps)
+            model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
         barrier()
-        model_path = demo.tiny_model(task, cfg.warm_start_steps)
+        model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
     torch.manual_seed(cfg.seed + rank)            # after the warm start, which may have used the RNG
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):
