@@ -27,7 +27,7 @@ OOM_HELP = ("out of GPU memory. Turn one of these down/on and rerun (or --resume
             "or a smaller --model")
 
 # Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
-RESUME_FIXED = ("model", "warm_start_steps", "task", "reward_mode", "reward", "chat_template",
+RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_mode", "reward", "chat_template",
                 "system_prompt", "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size",
                 "prompts_per_round", "num_generations", "temperature")
 
@@ -73,8 +73,9 @@ def parse(config_class, argv=None, description: str = ""):
                          f"{distributed.world_size()}: each process holds its own buffer shard; "
                          f"resume with {saved_world}")
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
-        changed = [f"--{k.replace('_', '-')} (saved {config[k]!r}, given {given[k]!r})"
-                   for k in RESUME_FIXED if k in given and given[k] != config[k]]
+        saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}  # older: default
+        changed = [f"--{k.replace('_', '-')} (saved {saved_value[k]!r}, given {given[k]!r})"
+                   for k in RESUME_FIXED if k in given and given[k] != saved_value[k]]
         if changed:
             parser.error(f"--resume {saved.path}: these fields cannot change on resume: "
                          f"{', '.join(changed)}")
@@ -111,8 +112,8 @@ def config_problem(cfg) -> str | None:
                  "lora_alpha", "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size", "save_every",
-                 "eval_every_tokens"):
+    for name in ("warm_start_seed", "max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size",
+                 "save_every", "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -181,9 +182,9 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
     model_path = cfg.model
     if cfg.model == "tiny":                     # built once (rank 0), then loaded from the cache
         if rank == 0:
-            model_path = demo.tiny_model(task, cfg.warm_start_steps)
+            model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
         distributed.barrier()
-        model_path = demo.tiny_model(task, cfg.warm_start_steps)
+        model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
     torch.manual_seed(cfg.seed + rank)          # after the warm start, which may have used the RNG
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):

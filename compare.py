@@ -64,6 +64,10 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
     return ["--prompts-per-round", str(P), "--buffer-size", str(N), "--batch-size", str(B)] + extra
 
 
+class CompareError(ValueError):
+    """A setting or a run that the comparison cannot use; the message says what to change."""
+
+
 # ---- one run, read back ------------------------------------------------------------------
 def read_run(run_dir: str, grid: list[float]) -> dict:
     """A run's evals at the grid of token thresholds (at each g: its first eval with generated
@@ -75,6 +79,11 @@ def read_run(run_dir: str, grid: list[float]) -> dict:
     steps = [r for r in rows if "eval_accuracy" not in r]
     evals = [r for r in rows if "eval_accuracy" in r]
     picks = [next(r for r in evals if r["gen_tokens"] >= g) for g in grid]
+    for a, b, g in zip(picks, picks[1:], grid[1:]):
+        if a is b:      # one eval would count twice in the smoothing (a lucky one could set the target)
+            raise CompareError(f"{run_dir}: the eval at {a['gen_tokens']:,} tokens stands for the grid points "
+                               f"below and at {g:,}: one round generated more tokens than the eval interval "
+                               f"({grid[1] - grid[0]:,}); raise --budget-tokens or lower --evals")
     tail = steps[-max(1, len(steps) // 20):]             # entropy: mean over the last 5% of steps
     last = rows[-1]                                      # every line carries the cumulative counters
     return {
@@ -150,9 +159,16 @@ def compare_arm(arm: list[dict], on: list[dict], mus: list[float]) -> dict:
 
 
 def bootstrap(arm: list[dict], on: list[dict], mus: list[float], n: int, seed: int = 0) -> dict:
-    """90% percentile intervals of compare_arm's figures, resampling each arm's seeds with replacement."""
+    """90% percentile intervals of compare_arm's figures, resampling replicates with replacement.
+    Replicate i of the arm and of on_policy start from the same model and seed, so they are drawn
+    together (pairs): the interval covers the spread across starting models, not only RL seeds."""
     rng = random.Random(seed)
-    draws = [compare_arm(rng.choices(arm, k=len(arm)), rng.choices(on, k=len(on)), mus) for _ in range(n)]
+    pairs = list(zip(arm, on))
+
+    def draw() -> dict:
+        sample = rng.choices(pairs, k=len(pairs))
+        return compare_arm([a for a, _ in sample], [o for _, o in sample], mus)
+    draws = [draw() for _ in range(n)]
 
     def interval(values: list[float]) -> list[float]:
         values = sorted(values)
@@ -161,6 +177,21 @@ def bootstrap(arm: list[dict], on: list[dict], mus: list[float], n: int, seed: i
     out["projected"] = {mu: interval([d["projected"][mu] for d in draws]) for mu in mus}
     out["not_reached_frac"] = sum(math.isinf(d["token_ratio"]) for d in draws) / n
     return out
+
+
+def choose_lr(scores: dict[float, list[float]]) -> tuple[float, dict[float, float], bool]:
+    """The learning rate with the best mean score over the sweep's replicates (ties: the smaller lr),
+    the mean of each candidate, and whether the choice lies on the edge of the grid (then the grid
+    should be widened: the best may lie outside it)."""
+    means = {lr: statistics.fmean(v) for lr, v in sorted(scores.items())}
+    best = max(means, key=lambda lr: (means[lr], -lr))
+    return best, means, len(means) > 1 and best in (min(means), max(means))
+
+
+def sweep_score(run: dict) -> float:
+    """A sweep's score of one run: its mean accuracy over the evals (the area under its accuracy
+    against generated tokens), which rewards learning fast and holding it, not one final eval."""
+    return statistics.fmean(run["accuracy"])
 
 
 def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
@@ -173,6 +204,13 @@ def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
 
 
 # ---- running the arms ----------------------------------------------------------------------
+def build_tiny_model(warm_start_seed: int) -> None:
+    """The embedded model of one warm-start seed, built (and cached) in a process of its own, one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    code = f"import demo, tasks; demo.tiny_model(tasks.addition_task(2), seed={warm_start_seed}, log=lambda *a: None)"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+
+
 def run_train(argv: list[str], out: str) -> None:
     """One train.py run in its own process, one torch thread (runs side by side do not fight for
     cores). A finished run (done.json with the same flags) is not run again: an interrupted
@@ -197,14 +235,20 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", default="runs/compare", help="folder for the runs, summary.json and curves.png")
     p.add_argument("--budget-tokens", type=int, default=450_000, help="generated completion tokens per run")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per arm (intervals need 5 or more)")
+    p.add_argument("--seeds", type=int, default=5, help="replicates per arm (intervals need 5 or more); replicate i "
+                                                        "starts from warm-start seed i with RL seed i")
+    p.add_argument("--one-model", action="store_true",
+                   help="every replicate starts from the default model (warm-start seed 0); only the RL seed varies")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side, one torch thread each")
     p.add_argument("--batch-size", type=int, default=256, help="B, rollouts per update of the on-policy and replay arms")
     p.add_argument("--replay-ratio", type=int, default=2, help="y: uses of each rollout in the replay arms (>= 2)")
     p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
     p.add_argument("--lr", type=float, default=1e-3, help="one learning rate for every arm (unless --sweep-lr)")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None,
-                   help="learning rates to try per arm (one seed each); the best final accuracy is used")
+                   help="learning rates to try per arm, on --sweep-seeds replicates of their own (not reported); "
+                        "each arm then runs at the one with the best mean accuracy over the evals")
+    p.add_argument("--sweep-seeds", type=int, default=2, help="replicates per learning rate in the sweep (seeds "
+                                                              "1000, 1001, ...: disjoint from the reported ones)")
     p.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
     p.add_argument("--keep-correct-frac", type=float, default=0.3, help="delta of the positive-bias retention arm")
     p.add_argument("--mu", type=float, nargs="*", default=None,
@@ -215,11 +259,13 @@ def main(argv=None) -> dict:
     p.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts per eval")
     p.add_argument("--model", default="tiny", help="passed to train.py")
     p.add_argument("--task", default="addition", help="passed to train.py")
-    p.add_argument("--quick", action="store_true", help="a small budget, 2 seeds, 200 eval prompts: checks the pipeline")
+    p.add_argument("--quick", action="store_true",
+                   help="a small budget, 2 seeds of one model, 200 eval prompts: checks the pipeline")
     p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string")
     args = p.parse_args(argv)
-    if args.quick:
+    if args.quick:      # one model: no warm starts to build
         args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 30_000, 2, 200, 4, 200
+        args.one_model = True
     if "on_policy" not in args.arms:
         p.error("--arms must include on_policy (it sets the target)")
     if args.replay_ratio < 2:
@@ -227,18 +273,29 @@ def main(argv=None) -> dict:
     if args.batch_size % (args.replay_ratio * args.num_generations):
         p.error(f"--batch-size {args.batch_size} must be a multiple of replay_ratio x num_generations "
                 f"= {args.replay_ratio * args.num_generations}")
-    if args.evals < 3 or args.seeds < 1 or args.jobs < 1:
-        p.error("--evals must be >= 3, --seeds and --jobs >= 1")
+    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
+        p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
+    try:
+        return compare(args)
+    except CompareError as e:
+        p.error(str(e))
+
+
+def compare(args) -> dict:
 
     os.makedirs(args.output_dir, exist_ok=True)
     y, B, G = args.replay_ratio, args.batch_size, args.num_generations
     interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
     grid = [k * interval for k in range(args.evals)] + [args.budget_tokens]
 
+    def warm_start_seed(seed: int) -> int:
+        return 0 if args.one_model else seed
+
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
         out = os.path.join(args.output_dir, arm + tag, f"seed{seed}")
+        model = ["--warm-start-seed", str(warm_start_seed(seed))] if args.model == "tiny" else []
         # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
-        run_train(arm_flags(arm, B, y, G, args.keep_correct_frac) + [
+        run_train(arm_flags(arm, B, y, G, args.keep_correct_frac) + model + [
             "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
             "--num-generations", str(G), "--max-gen-tokens", str(args.budget_tokens), "--max-rounds", str(10**9),
             "--eval-every-tokens", str(interval), "--eval-prompts", str(args.eval_prompts), "--no-progress",
@@ -246,15 +303,22 @@ def main(argv=None) -> dict:
         return read_run(out, grid)
 
     start = time.time()
-    lrs = {arm: args.lr for arm in args.arms}
+    lrs, sweep = {arm: args.lr for arm in args.arms}, {}
+    sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     with ThreadPoolExecutor(args.jobs) as pool:
+        if args.model == "tiny":        # each starting model built once, before the runs that share it
+            list(pool.map(build_tiny_model, sorted({warm_start_seed(s) for s in [*range(args.seeds), *sweep_seeds]})))
         if args.sweep_lr:
-            # seed 1000: the sweep's runs are not among the reported seeds (no selection on them)
-            jobs = {(arm, lr): pool.submit(run, arm, 1000, lr, f"-lr{lr:g}") for arm in args.arms for lr in args.sweep_lr}
+            # replicates 1000, 1001, ...: the sweep selects on runs that are not reported (no selection bias)
+            jobs = {(arm, lr, s): pool.submit(run, arm, s, lr, f"-lr{lr:g}")
+                    for arm in args.arms for lr in args.sweep_lr for s in sweep_seeds}
             for arm in args.arms:
-                scores = {lr: final_accuracy(jobs[arm, lr].result()["accuracy"]) for lr in args.sweep_lr}
-                lrs[arm] = max(scores, key=scores.get)
-                print(f"{arm}: lr sweep {scores} -> {lrs[arm]:g}", flush=True)
+                scores = {lr: [sweep_score(jobs[arm, lr, s].result()) for s in sweep_seeds] for lr in args.sweep_lr}
+                lrs[arm], means, edge = choose_lr(scores)
+                sweep[arm] = {"chosen": lrs[arm], "mean_score": means, "on_grid_edge": edge}
+                print(f"{arm}: lr sweep (mean accuracy over the evals, {len(sweep_seeds)} replicates) "
+                      f"{ {f'{k:g}': round(v, 3) for k, v in means.items()} } -> {lrs[arm]:g}"
+                      + (" (ON THE EDGE of the grid: widen it)" if edge else ""), flush=True)
         jobs = {(arm, seed): pool.submit(run, arm, seed, lrs[arm]) for seed in range(args.seeds) for arm in args.arms}
         results = {arm: [] for arm in args.arms}
         for (arm, seed), job in jobs.items():
@@ -262,6 +326,7 @@ def main(argv=None) -> dict:
             print(f"{arm} seed {seed}: final accuracy {final_accuracy(results[arm][-1]['accuracy']):.3f} "
                   f"({time.time() - start:.0f} s so far)", flush=True)
     summary = summarize(results, args, grid, lrs)
+    summary["lr_sweep"] = sweep and {"seeds": sweep_seeds, "score": "mean accuracy over the evals", "arms": sweep}
     with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_table(summary)
@@ -281,7 +346,10 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
                                    "one torch thread each",
                "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target",
-               "intervals": f"90% bootstrap over seeds ({args.bootstrap} resamples)", "arms": {}}
+               "replicates": ("one model (warm-start seed 0), RL seed i" if args.one_model or args.model != "tiny"
+                              else "warm-start seed i and RL seed i: the model varies"),
+               "intervals": f"90% bootstrap over replicates, arm and on-policy drawn in pairs ({args.bootstrap} "
+                            "resamples)", "arms": {}}
     base = to_target(op, target)
     for name, runs in results.items():
         point = to_target(runs, target)
@@ -338,6 +406,10 @@ def fmt_ci(value, ci, spec=".2f"):
 def print_table(s: dict) -> None:
     print(f"\ntarget accuracy (on-policy final, median of its last 3 evals): {s['target_accuracy']:.3f};  measured "
           f"mu = {s['mu']:.2f} (generation / training seconds per rollout);  lr {s['lr_chosen_by']}: {s['lr']}")
+    print(f"replicates: {s['replicates']}")
+    for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
+        means = ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sw["mean_score"].items())
+        print(f"lr sweep {arm}: {means} -> {sw['chosen']:g}" + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
     print(f"{'arm':<16}{'final acc':>10}{'range':>12}{'tokens->target':>16}{'sec->target':>13}"
           f"{'entropy':>9}{'gen s':>8}{'train s':>9}")
     for name, a in s["arms"].items():

@@ -1,13 +1,31 @@
 """The embedded demo model (``--model tiny``): a character tokenizer and a ~0.5M-parameter Llama
-built in code, given a short supervised warm start on an embedded task (``tasks.addition_task``)
-so that RL starts at a moderate accuracy. It is cached on disk with ``save_pretrained`` and then
-loads like any HF model. The algorithm modules know nothing of this file: train.py passes the
-folder as the model path.
+built in code, given a supervised warm start on the embedded addition task so that RL has
+something real to fix. The algorithm modules know nothing of this file: train.py passes the
+model's folder as the model path.
+
+The warm start has two phases:
+  1. learn addition from correct sums (``steps``, cosine lr): the model ends near 100% correct;
+  2. imitate a *sloppy teacher* who forgets each carry with probability ``drop_carry`` (0.7):
+     ``37+45=`` -> ``82`` 30% of the time, ``72`` 70% of the time (``sloppy_steps``).
+The result knows how to carry but usually does not: greedy decoding picks the likelier, wrong
+answer whenever a sum has a carry (~0.35 held-out accuracy), while sampling finds the right one
+often enough (~0.35 of samples) for RL with the exact-answer reward to make carrying the habit.
+Why two phases: a warm start stopped half-way through learning addition (the earlier design)
+sits on the steep part of the learning curve, where float rounding (another machine, another
+thread count) moves it far; RL from some of those models stalled. Both phases here end where
+the loss has flattened, so every seed and machine builds much the same model.
+
+The default model (warm-start seed 0) ships with the repository as ``demo.safetensors`` so that
+every machine starts RL from the same weights; ``python demo.py --rebuild`` rebuilds that file
+with this code. Other seeds and lengths are built on first use. Either way the model is cached
+as an HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/replay-rl``.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -19,6 +37,8 @@ from tasks import Task
 
 CHARS = "0123456789+-*=()., :;#abcdefghijklmnopqrstuvwxyz"
 PAD, EOS = "<pad>", "<eos>"
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.safetensors")
+SHIPPED_ACCURACY = 0.408        # its greedy accuracy on the 500 held-out prompts (tests/test_demo.py checks it)
 
 
 def char_tokenizer():
@@ -35,68 +55,166 @@ def char_tokenizer():
 
 TINY_MODEL = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=True)
-WARM_START = dict(steps=650, batch_size=128, lr=3e-3, warmup=50, betas=(0.9, 0.98), max_grad_norm=1.0, seed=0)
+WARM_START = dict(steps=2000, lr=3e-3, sloppy_steps=300, sloppy_lr=1e-3, drop_carry=0.7, batch_size=128,
+                  warmup=50, betas=(0.9, 0.98), max_grad_norm=1.0, seed=0)
 
 
 def cache_dir() -> str:
     return os.environ.get("REPLAY_RL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "replay-rl"))
 
 
-def tiny_model(task: Task, warm_start_steps: int | None = None, log=print) -> str:
-    """Folder of the warm-started tiny model for ``task``; built (and cached) on first use.
-    Fewer ``warm_start_steps`` than the default give a weaker start: sparser rewards for RL."""
-    w = {**WARM_START, "steps": warm_start_steps or WARM_START["steps"]}
-    spec = json.dumps({"task": task.name, "chars": CHARS, "model": TINY_MODEL, "warm": w, "v": 1}, sort_keys=True)
-    path = os.path.join(cache_dir(), f"tiny-{task.name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}")
+def spec(task: Task, warm_start_steps: int | None = None, seed: int = 0) -> str:
+    """What defines a tiny model (its cache key): the task, vocabulary, shapes and warm start."""
+    w = {**WARM_START, "steps": warm_start_steps or WARM_START["steps"], "seed": seed}
+    return json.dumps({"task": task.name, "chars": CHARS, "model": TINY_MODEL, "warm": w, "v": 2}, sort_keys=True)
+
+
+def cache_path(task: Task, key: str) -> str:
+    return os.path.join(cache_dir(), f"tiny-{task.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+
+
+def tiny_model(task: Task, warm_start_steps: int | None = None, log=print, seed: int = 0) -> str:
+    """Folder of the warm-started tiny model for ``task``: from the cache, else from the shipped
+    weights when they are this model (the default), else built by ``warm_start`` (a minute or two)."""
+    key = spec(task, warm_start_steps, seed)
+    path = cache_path(task, key)
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path
     if task.target is None:
         raise ValueError(f"task {task.name!r} has no supervised targets: the tiny model needs an embedded task")
-    log(f"building the tiny model for {task.name} (supervised warm start, cached in {path}) ...")
-    start = time.time()
-    model, tokenizer = warm_start(task, w["steps"])
+    weights = shipped_weights(key)
+    if weights is not None:
+        model, tokenizer = new_model(), char_tokenizer()
+        model.load_state_dict(weights, strict=False)      # lm_head is tied to the embedding
+    else:
+        log(f"building the tiny model for {task.name}, warm-start seed {seed} (two-phase supervised warm "
+            f"start, cached in {path}) ...")
+        start = time.time()
+        model, tokenizer = warm_start(task, warm_start_steps, seed, log=log)
+        log(f"warm start done in {time.time() - start:.0f} s")
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)          # atomic: a half-written folder is never taken for a cached model
-    log(f"warm start done in {time.time() - start:.0f} s")
     return path
 
 
-def warm_start(task: Task, steps: int | None = None):
-    """Supervised training of a fresh tiny Llama on prompt -> target + EOS (loss on the completion).
-    Deterministic for a given WARM_START seed. Returns (model, tokenizer)."""
+def shipped_weights(key: str) -> dict | None:
+    """The weights in demo.safetensors if they were built for ``key``, else None."""
+    from safetensors import safe_open
+    if not os.path.exists(SHIPPED):
+        return None
+    with safe_open(SHIPPED, "pt") as f:
+        if (f.metadata() or {}).get("spec") != key:
+            return None
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def new_model():
+    """A freshly initialized tiny Llama for the character tokenizer (the RNG decides its weights)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    w = {**WARM_START, "steps": steps or WARM_START["steps"]}
-    torch.manual_seed(w["seed"])
-    rng = random.Random(w["seed"])
     tokenizer = char_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **TINY_MODEL)
     model = LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], betas=w["betas"], weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / w["warmup"]) )
-    model.train()
-    for _ in range(w["steps"]):
-        prompts = rng.sample(task.train_prompts, w["batch_size"])
-        prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        target_ids = [tokenizer.encode(task.target(p), add_special_tokens=False) + [tokenizer.eos_token_id]
-                      for p in prompts]
-        L = max(len(p) + len(t) for p, t in zip(prompt_ids, target_ids))
-        ids = torch.full((len(prompts), L), tokenizer.pad_token_id)
-        labels = torch.full((len(prompts), L), -100)
-        for i, (p, t) in enumerate(zip(prompt_ids, target_ids)):
-            ids[i, :len(p) + len(t)] = torch.tensor(p + t)
-            labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), w["max_grad_norm"])
-        opt.step()
-        sched.step()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def sloppy_sum(prompt: str, drop_carry: float, rng: random.Random) -> str:
+    """The sloppy teacher's answer to ``a+b=``: column addition that forgets each carry with
+    probability ``drop_carry``. ``sloppy_sum("37+45=", 1.0, rng) == "72"``; with 0.0, the sum."""
+    a, b = (int(x) for x in prompt.rstrip("=").split("+"))
+    total, place, carry = 0, 1, 0
+    while a or b or carry:
+        column = a % 10 + b % 10 + carry
+        total += column % 10 * place
+        carry = column // 10 if rng.random() >= drop_carry else 0
+        a, b, place = a // 10, b // 10, place * 10
+    return str(total)
+
+
+def warm_start(task: Task, steps: int | None = None, seed: int = 0, log=print):
+    """The two-phase supervised warm start (module docstring): cross-entropy on prompt -> answer
+    + EOS (loss on the answer only), correct sums then the sloppy teacher's. Deterministic for a
+    given seed on one machine and thread count. Returns (model, tokenizer)."""
+    w = {**WARM_START, "steps": steps or WARM_START["steps"]}
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer, model = char_tokenizer(), new_model()
+    model.train()
+    phases = [(w["steps"], w["lr"], task.target), (w["sloppy_steps"], w["sloppy_lr"],
+                                                    lambda p: sloppy_sum(p, w["drop_carry"], rng))]
+    for n, lr, answer in phases:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=w["betas"], weight_decay=0.0)
+        # linear warm-up, then cosine decay to 0: each phase ends where its loss has flattened
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min((s + 1) / w["warmup"], 0.5 * (1 + math.cos(math.pi * s / n))))
+        for _ in range(n):
+            prompts = rng.sample(task.train_prompts, w["batch_size"])
+            loss = model(**supervised_batch(tokenizer, prompts, [answer(p) for p in prompts])).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), w["max_grad_norm"])
+            opt.step()
+            sched.step()
+        log(f"  {'correct sums' if answer is task.target else 'sloppy teacher'}: {n} steps, "
+            f"final loss {loss.item():.3f}")
     return model.eval(), tokenizer
+
+
+def supervised_batch(tokenizer, prompts: list[str], answers: list[str]) -> dict:
+    """input_ids / attention_mask / labels for prompt + answer + EOS, right-padded, loss on the answer."""
+    prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    answer_ids = [tokenizer.encode(a, add_special_tokens=False) + [tokenizer.eos_token_id] for a in answers]
+    L = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
+    ids = torch.full((len(prompts), L), tokenizer.pad_token_id)
+    labels = torch.full((len(prompts), L), -100)
+    for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
+        ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+        labels[i, len(p):len(p) + len(a)] = torch.tensor(a)
+    return {"input_ids": ids, "attention_mask": (ids != tokenizer.pad_token_id).long(), "labels": labels}
+
+
+def held_out_accuracy(path: str, task: Task, n: int = 500) -> float:
+    """Greedy accuracy of the model folder ``path`` on the task's first ``n`` held-out prompts."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout import greedy_accuracy
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    return greedy_accuracy(model, char_tokenizer(), task.eval_prompts[:n], task.reward,
+                           max_new_tokens=task.max_new_tokens)
+
+
+def rebuild_shipped(log=print) -> float:
+    """Warm-start the default model (seed 0) with this code and write it to demo.safetensors."""
+    import tasks
+    from safetensors.torch import save_file
+
+    task = tasks.addition_task(2)
+    model, _ = warm_start(task, log=log)
+    weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}   # tied
+    tmp = SHIPPED + ".tmp"
+    save_file(weights, tmp, metadata={"spec": spec(task)})
+    os.replace(tmp, SHIPPED)
+    shutil.rmtree(cache_path(task, spec(task)), ignore_errors=True)      # an older build of the same spec
+    with_cache = tiny_model(task, log=log)          # loads through the same path as train.py
+    return held_out_accuracy(with_cache, task)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="The embedded demo model. " + __doc__.split("\n")[0])
+    parser.add_argument("--rebuild", action="store_true",
+                        help="warm-start the default model afresh and overwrite demo.safetensors")
+    args = parser.parse_args()
+    import tasks
+    if args.rebuild:
+        start = time.time()
+        acc = rebuild_shipped()
+        print(f"wrote {SHIPPED} in {time.time() - start:.0f} s: held-out greedy accuracy {acc:.3f}")
+    else:
+        task = tasks.addition_task(2)
+        print(f"{tiny_model(task)}: held-out greedy accuracy {held_out_accuracy(tiny_model(task), task):.3f}")

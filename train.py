@@ -39,8 +39,10 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model")
-    warm_start_steps: int = opt(650, "tiny model only: supervised warm-start steps (fewer: weaker "
-                                     "start, sparser rewards)")
+    warm_start_steps: int = opt(2000, "tiny model only: warm-start steps on correct sums (then the "
+                                      "sloppy teacher)")
+    warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
+                                  "in demo.safetensors)")
     task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), "
                                 "'gsm8k' (openai/gsm8k) or a .jsonl file of {question, answer: "
                                 "'... #### 42'} (last 10%% held out)")
@@ -84,10 +86,10 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(600, "stop after this many rounds")
+    max_rounds: int = opt(200, "stop after this many rounds")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were "
                                  "generated; 0 = none")
-    eval_every: int = opt(50, "greedy eval on held-out prompts every this many rounds")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds")
     eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple "
                                     "of this; 0 = off")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")

@@ -117,3 +117,65 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, monkeypatch, caps
     compare.plot({"arms": {}, "target_accuracy": 0.5}, str(tmp_path / "curves.png"))
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_bootstrap_draws_an_arm_and_on_policy_replicate_together():
+    """Replicate i of every arm starts from model i. Here model 0 learns fast and model 1 slowly,
+    under both arms, and replay needs half the tokens on each: drawn in pairs, every resample says
+    0.5; drawn apart, a fast on-policy run could meet a slow replay run."""
+    grid = [0, 1, 2, 3, 4, 5, 6, 7]
+    fast = [0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    slow = [0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5]
+    on = [run_of(fast, [100 * k for k in grid], [100 * k for k in grid]),
+          run_of(slow, [100 * k for k in grid], [100 * k for k in grid])]
+    rep = [run_of(fast, [50 * k for k in grid], [100 * k for k in grid]),
+           run_of(slow, [50 * k for k in grid], [100 * k for k in grid])]
+    ci = compare.bootstrap(rep, on, [8.0], n=300)
+    assert ci["token_ratio"] == [pytest.approx(0.5), pytest.approx(0.5)]
+
+
+def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
+    best, means, edge = compare.choose_lr({1e-3: [0.6, 0.8], 3e-3: [0.9, 0.3], 3e-4: [0.5, 0.5]})
+    assert best == 1e-3 and means == {3e-4: 0.5, 1e-3: pytest.approx(0.7), 3e-3: pytest.approx(0.6)} and not edge
+    assert compare.choose_lr({1e-3: [0.7], 3e-3: [0.7]})[0] == 1e-3            # a tie: the smaller lr
+    assert compare.choose_lr({1e-3: [0.6], 3e-3: [0.7], 3e-4: [0.1]})[2]        # best on the edge: widen the grid
+    assert compare.sweep_score({"accuracy": [0.2, 0.4, 0.9]}) == pytest.approx(0.5)
+
+
+def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(compare, "build_tiny_model", lambda seed: calls.append(("build", seed)))
+    monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", argv)))
+    accs = [0.1, 0.2, 0.3, 0.4, 0.5]
+    monkeypatch.setattr(compare, "read_run", lambda out, grid: {
+        "accuracy": accs, "tokens": grid, "seconds": grid, "generated": grid, "trained": grid, "entropy": 0.5,
+        "gen_seconds": 1.0, "train_seconds": 1.0, "rollouts_generated": 10, "rollouts_trained": 10})
+    monkeypatch.setattr(compare, "plot", lambda *a: None)
+    common = ["--output-dir", str(tmp_path), "--seeds", "3", "--evals", "4", "--bootstrap", "10", "--jobs", "1"]
+    compare.main(common + ["--sweep-lr", "1e-3", "2e-3"])
+    builds = sorted(seed for kind, seed in calls if kind == "build")
+    assert builds == [0, 1, 2, 1000, 1001]                                   # reported and sweep replicates
+    runs = [argv for kind, argv in calls if kind == "run"]
+    pairs = {(a[a.index("--warm-start-seed") + 1], a[a.index("--seed") + 1]) for a in runs}
+    assert pairs == {(str(i), str(i)) for i in (0, 1, 2, 1000, 1001)}       # replicate i: model i, seed i
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["replicates"].startswith("warm-start seed i") and summary["lr_sweep"]["seeds"] == [1000, 1001]
+    assert summary["lr_sweep"]["arms"]["replay"]["chosen"] == 1e-3            # equal scores: the smaller
+    calls.clear()
+    compare.main(common + ["--one-model", "--output-dir", str(tmp_path / "one")])
+    assert {a[a.index("--warm-start-seed") + 1] for kind, a in calls if kind == "run"} == {"0"}
+    assert json.load(open(tmp_path / "one" / "summary.json"))["replicates"].startswith("one model")
+
+
+def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
+    """A round that generates more tokens than the eval interval (GSM8K on a real model: ~51k tokens
+    a round against a 30k interval) leaves one eval for two grid points: refused, with what to change."""
+    counters = lambda k: {"step": k, "round": k, "gen_tokens": 51_000 * k, "gen_seconds": k, "train_seconds": k}
+    rows = [{**counters(0), "eval_accuracy": 0.1},
+            {**counters(1), "rollout_entropy": 0.5}, {**counters(1), "eval_accuracy": 0.2},
+            {**counters(2), "rollout_entropy": 0.5}, {**counters(2), "eval_accuracy": 0.3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 32, "num_generations": 8, "batch_size": 256}))
+    assert compare.read_run(str(tmp_path), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
+    with pytest.raises(compare.CompareError, match="raise --budget-tokens or lower --evals"):
+        compare.read_run(str(tmp_path), [0, 30_000, 60_000, 90_000])

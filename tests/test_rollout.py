@@ -100,7 +100,7 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
     batch = collate(rollouts, tokenizer.pad_token_id)
     with torch.no_grad():
         logp, _ = completion_logp(model, batch)
-    assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-5
+    assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 5e-5     # rounding only (a penalty of 1.3: 0.26)
     for r in rollouts:                                         # token 13 ('+') ends a completion too
         ids = r.completion_ids.tolist()
         assert not ({1, 13} & set(ids[:-1]))

@@ -1,0 +1,100 @@
+"""Does `python train.py` learn from every warm start its code builds? One run per cell of
+warm-start seed x thread count x RL seed, with the default flags otherwise.
+
+    python benchmarks/demo_matrix.py --output-dir runs/matrix          # 3 x 2 x 2 = 12 cells
+    python benchmarks/demo_matrix.py --output-dir runs/m --warm-start-seeds 0 --rl-seeds 0 --threads 2
+
+Each thread count builds its own models (a cache folder per thread count): float rounding differs
+between 1 and 2 threads, so the warm start does too. Warm-start seed 0 is the model shipped in
+demo.safetensors (the same on every machine); other seeds are built on this machine. Cells run one
+at a time, except that --parallel 2 runs two 1-thread cells side by side (one core each). A cell
+whose run folder holds a finished run is read back, not run again. Prints one line per cell (start
+and end accuracy, gain, wall seconds of train.py, warm-start build excluded) and a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def environment(out: str, threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "REPLAY_RL_CACHE": os.path.join(out, f"models-t{threads}"), "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1"}
+
+
+def build_model(out: str, ws: int, threads: int) -> None:
+    """The warm start of seed ``ws`` with ``threads`` threads (cached; untimed)."""
+    code = f"import demo, tasks; demo.tiny_model(tasks.addition_task(2), seed={ws})"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment(out, threads), check=True)
+
+
+def run_cell(out: str, ws: int, threads: int, seed: int, extra: list[str]) -> dict:
+    """One train.py run on a built model; its first/final accuracy and wall time."""
+    run_dir = os.path.join(out, f"ws{ws}-t{threads}-seed{seed}")
+    done = os.path.join(run_dir, "cell.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return json.load(f)
+    env = environment(out, threads)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "train.py", "--warm-start-seed", str(ws), "--seed", str(seed), "--no-progress",
+                    "--no-plot", "--output-dir", run_dir, *extra], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - start
+    evals = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if "eval_accuracy" in r]
+    cell = {"warm_start_seed": ws, "threads": threads, "seed": seed, "first": evals[0]["eval_accuracy"],
+            "final": evals[-1]["eval_accuracy"], "evals": [e["eval_accuracy"] for e in evals], "seconds": seconds}
+    cell["gain"] = cell["final"] - cell["first"]
+    with open(done, "w") as f:
+        json.dump(cell, f)
+    return cell
+
+
+def line(c: dict, goal: float) -> str:
+    return (f"warm-start seed {c['warm_start_seed']}, {c['threads']} thread(s), RL seed {c['seed']}: "
+            f"{c['first']:.3f} -> {c['final']:.3f} ({c['gain']:+.3f}{'' if c['gain'] >= goal else ' BELOW GOAL'}) "
+            f"in {c['seconds']:.0f} s")
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output-dir", required=True, help="one run folder per cell, and the models built")
+    p.add_argument("--warm-start-seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--parallel", type=int, default=1, choices=(1, 2), help="1-thread cells side by side")
+    p.add_argument("--goal", type=float, default=0.20, help="the gain every cell should reach")
+    args, extra = p.parse_known_args(argv)          # anything else goes to train.py
+    os.makedirs(args.output_dir, exist_ok=True)
+    cells = list(itertools.product(args.warm_start_seeds, args.threads, args.rl_seeds))
+    results = []
+    for threads in args.threads:
+        mine = [c for c in cells if c[1] == threads]
+        workers = args.parallel if threads == 1 else 1
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda ws: build_model(args.output_dir, ws, threads), args.warm_start_seeds))
+            for cell in pool.map(lambda c: run_cell(args.output_dir, *c, extra), mine):
+                print(line(cell, args.goal), flush=True)
+                results.append(cell)
+    gains, seconds = [c["gain"] for c in results], [c["seconds"] for c in results]
+    print(f"summary over {len(results)} cells: gain min {min(gains):+.3f} / median {statistics.median(gains):+.3f} "
+          f"/ max {max(gains):+.3f}; cells at or above {args.goal:+.2f}: {sum(g >= args.goal for g in gains)}"
+          f"/{len(gains)}; train.py wall time min {min(seconds):.0f} s / max {max(seconds):.0f} s")
+    with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
