@@ -27,9 +27,9 @@ OOM_HELP = ("out of GPU memory. Turn one of these down/on and rerun (or --resume
             "or a smaller --model")
 
 # Fields a resumed run must keep: the checkpoint's weights, buffer and prompt stream depend on them.
-RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_mode", "reward", "chat_template",
-                "system_prompt", "seed", "lora_r", "lora_alpha", "load_in_4bit", "buffer_size",
-                "prompts_per_round", "num_generations", "temperature")
+RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_mode", "reward",
+                "chat_template", "system_prompt", "seed", "lora_r", "lora_alpha", "load_in_4bit",
+                "buffer_size", "prompts_per_round", "num_generations", "temperature")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -73,7 +73,8 @@ def parse(config_class, argv=None, description: str = ""):
                          f"{distributed.world_size()}: each process holds its own buffer shard; "
                          f"resume with {saved_world}")
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
-        saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}  # older: default
+        # a field newer than the checkpoint: it was saved with the default
+        saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}
         changed = [f"--{k.replace('_', '-')} (saved {saved_value[k]!r}, given {given[k]!r})"
                    for k in RESUME_FIXED if k in given and given[k] != saved_value[k]]
         if changed:
@@ -112,8 +113,8 @@ def config_problem(cfg) -> str | None:
                  "lora_alpha", "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("warm_start_seed", "max_new_tokens", "max_gen_tokens", "max_age", "micro_batch_size",
-                 "save_every", "eval_every_tokens"):
+    for name in ("warm_start_seed", "max_new_tokens", "max_gen_tokens", "max_age",
+                 "micro_batch_size", "save_every", "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
