@@ -44,6 +44,26 @@ def test_help_lists_every_config_field(capsys):
         assert "--" + name.replace("_", "-") in out
 
 
+def test_help_shows_the_choices_of_fields_that_have_them(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_config(["--help"])
+    out = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
+    for flag, choices in [("--loss", "{tis,ppo,asymre}"), ("--normalization", "{token_mean,sequence_mean}"),
+                          ("--dtype", "{auto,float32,bfloat16}"), ("--report-to", "{none,tensorboard}"),
+                          ("--reward-mode", "{strict,lenient}"), ("--on-reward-error", "{raise,zero}")]:
+        assert f"{flag} {choices}" in out, flag
+    assert "--lr FLOAT" in out and "--task STR" in out                 # the others show their type
+
+
+def test_out_of_memory_help_names_the_knobs_in_the_order_that_frees_the_most():
+    import cli
+    knobs = ["--gradient-checkpointing", "--micro-batch-size 2", "--load-in-4bit", "--prompts-per-round",
+             "--num-generations", "--max-new-tokens", "--model"]
+    where = [cli.OOM_HELP.index(k) for k in knobs]
+    assert where == sorted(where), cli.OOM_HELP
+    assert "--batch-size" not in cli.OOM_HELP             # B barely changes the peak once micro-batched
+
+
 def test_replay_ratio_is_printed(tmp_path, capsys, tiny_path):
     train.main(["--output-dir", str(tmp_path), "--max-rounds", "2", "--prompts-per-round", "4",
                 "--num-generations", "4", "--buffer-size", "48", "--batch-size", "32", "--updates-per-round", "3",
