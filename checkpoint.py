@@ -123,7 +123,7 @@ def newest_readable(run_dir: str) -> Checkpoint | None:
         try:
             return read(path)
         except Damaged as e:
-            print(f"skipping {path}: damaged, {e}", file=sys.stderr)
+            distributed.print0(f"skipping {path}: damaged, {e}", file=sys.stderr)
     return None
 
 
@@ -170,9 +170,9 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     at = {"round": saved.state["round"]}
     low, high = distributed.minima(at)["round"], distributed.maxima(at)["round"]
     if low != high:
-        sys.exit(f"error: the processes resumed from different checkpoints (rounds {low:.0f} and "
-                 f"{high:.0f}); resume with --resume "
-                 f"{os.path.dirname(saved.path)}/checkpoint-<round>")
+        distributed.exit_all(f"error: the processes resumed from different checkpoints (rounds "
+                             f"{low:.0f} and {high:.0f}); resume with --resume "
+                             f"{os.path.dirname(saved.path)}/checkpoint-<round>")
     set_peft_model_state_dict(model, saved.adapter)
     lrs = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(saved.optimizer)
@@ -211,8 +211,9 @@ class StopRequest:
     def __call__(self, signum, frame):
         self.signum = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(Ctrl-C again to exit at once, without saving)", file=sys.stderr, flush=True)
+        distributed.print0(f"\n{signal.Signals(signum).name}: finishing this step, then saving a "
+                           "checkpoint (Ctrl-C again to exit at once, without saving)",
+                           file=sys.stderr, flush=True)
 
     def requested(self) -> bool:
         """Whether a signal asked to stop, in any process: all stop at the same step, or the others

@@ -40,7 +40,8 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")     # one line, no usage dump, no traceback
+        # one line, no usage dump, no traceback; printed once (rank 0), though every rank exits
+        self.exit(2, f"{self.prog}: error: {message}\n" if distributed.is_main() else None)
 
 
 def build_parser(config_class, description: str = "", explicit_only: bool = False):
@@ -171,14 +172,14 @@ def load_task(cfg) -> tasks.Task:
         if cfg.reward:
             task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
     except (ValueError, OSError) as e:
-        sys.exit(f"error: {e}")
+        distributed.exit_all(f"error: {e}")
     if cfg.prompts_per_round > len(task.train_prompts):
-        print(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the task has only "
-              f"{len(task.train_prompts)} training prompts", file=sys.stderr)
-        sys.exit(2)
+        distributed.exit_all(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the "
+                             f"task has only {len(task.train_prompts)} training prompts", 2)
     if cfg.model == "tiny" and task.target is None:
-        sys.exit(f"error: --model tiny is the embedded demo for --task addition; for {cfg.task} "
-                 "pass a real model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
+        distributed.exit_all(f"error: --model tiny is the embedded demo for --task addition; for "
+                             f"{cfg.task} pass a real model, e.g. --model "
+                             "Qwen/Qwen2.5-0.5B-Instruct")
     return task
 
 
@@ -204,14 +205,15 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
                                        trust_remote_code=cfg.trust_remote_code)
     except OSError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        sys.exit(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a local folder, or "
-                 "download it once with network (it is then cached)")
+        distributed.exit_all(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a "
+                             "local folder, or download it once with network (it is then "
+                             "cached)")
     if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
         system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
             system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
     elif cfg.system_prompt:
-        sys.exit("error: --system-prompt needs a tokenizer with a chat template")
+        distributed.exit_all("error: --system-prompt needs a tokenizer with a chat template")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
         f"{', 4-bit' if cfg.load_in_4bit else ''}): "

@@ -9,6 +9,7 @@ every call here is then the identity, or does nothing.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -130,3 +131,20 @@ def print0(*args, **kwargs) -> None:
     """print, on rank 0 only (W processes would print every line W times)."""
     if is_main():
         print(*args, **kwargs)
+
+
+def exit_all(message: str, code: int = 1) -> None:
+    """Exit with ``code``, the message on stderr printed by rank 0 alone: for the errors that every
+    rank reaches alike (a bad flag, a damaged checkpoint), which W processes would print W times."""
+    print0(message, file=sys.stderr)
+    sys.exit(code)
+
+
+def command(args: str) -> str:
+    """The command line that runs ``args`` (e.g. "train.py --resume RUN") as this job runs:
+    python in one process, torchrun with as many processes (per node) under torchrun."""
+    W, per_node = world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+    if W == 1:
+        return f"python {args}"
+    nodes = f"--nnodes {W // per_node} " if per_node != W else ""
+    return f"torchrun {nodes}--nproc-per-node {per_node} {args}"

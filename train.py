@@ -275,9 +275,9 @@ def update(run: Run) -> None:
     log(run, {**m, **stats, "batch_size": state.round_batch_size, "buffer_size": int(buffered),
               "lr": run.optimizer.param_groups[0]["lr"]})
     if state.skipped_in_a_row >= cfg.max_skipped_steps:
-        sys.exit(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss or gradient "
-                 f"(skipped, weights unchanged); lower --lr or check the reward. Last checkpoint: "
-                 f"{checkpoint.find(run.out) or 'none'}")
+        distributed.exit_all(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss "
+                             f"or gradient (skipped, weights unchanged); lower --lr or check the "
+                             f"reward. Last checkpoint: {checkpoint.find(run.out) or 'none'}")
 
 
 def evaluate(run: Run) -> float:
@@ -341,8 +341,9 @@ def save(run: Run) -> str:
 def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
     path = save(run)
     run.report.close()
-    distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: python train.py "
-                       f"--resume {run.out}", file=sys.stderr)
+    resume = distributed.command(f"train.py --resume {run.out}")   # torchrun: with W processes
+    distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: {resume}",
+                       file=sys.stderr)
     sys.exit(128 + stop.agreed)
 
 
@@ -395,4 +396,4 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:
-        sys.exit("\ninterrupted again: exited at once, without saving")
+        distributed.exit_all("\ninterrupted again: exited at once, without saving")

@@ -93,18 +93,42 @@ def test_a_resume_reads_each_checkpoint_file_once(tmp_path, tiny_path, monkeypat
         ("adapter/adapter_model.safetensors", "buffer.safetensors", "optimizer.pt", "rng.safetensors")]
 
 
-def test_resume_with_more_processes_than_saved_is_one_line_on_every_rank(tmp_path, tiny_path, capsys,
-                                                                         monkeypatch):
+def test_resume_with_more_processes_than_saved_is_one_line_from_rank_0(tmp_path, tiny_path, capsys,
+                                                                       monkeypatch):
     run = str(tmp_path / "run")
     train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
     capsys.readouterr()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    for rank in ("0", "1"):                 # rank 1 has no shard in a 1-process checkpoint
+    for rank, lines in (("0", 1), ("1", 0)):    # rank 1 has no shard in a 1-process checkpoint
         monkeypatch.setenv("RANK", rank)
         with pytest.raises(SystemExit) as e:
             train.parse_config(["--resume", run])
         err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and len(err) == 1 and "saved by 1 process(es), resumed with 2" in err[0]
+        assert e.value.code == 2 and len(err) == lines       # every rank exits, rank 0 says why
+    assert "saved by 1 process(es), resumed with 2" in err[0] if lines else True
+
+
+def test_errors_every_rank_reaches_are_printed_by_rank_0_alone(capsys, monkeypatch):
+    import distributed
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, printed in (("0", "error: the same on every rank\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            distributed.exit_all("error: the same on every rank", 3)
+        assert e.value.code == 3 and capsys.readouterr().err == printed
+
+
+def test_the_resume_hint_is_the_command_that_ran(monkeypatch):
+    import distributed
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert distributed.command("train.py --resume runs/a") == "python train.py --resume runs/a"
+    monkeypatch.setenv("WORLD_SIZE", "2")           # torchrun refuses a plain python resume of 2 shards
+    assert distributed.command("train.py --resume runs/a") == \
+        "torchrun --nproc-per-node 2 train.py --resume runs/a"
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert distributed.command("train.py") == "torchrun --nnodes 2 --nproc-per-node 4 train.py"
 
 
 def test_resume_refuses_changed_fields_and_missing_checkpoints(tmp_path, tiny_path, capsys):
@@ -199,13 +223,13 @@ def test_reward_error_names_prompt_and_completion_or_scores_zero(tmp_path, tiny_
     assert last["reward_errors"] == result["reward_errors"]
 
 
-def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, monkeypatch):
+def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, monkeypatch, capsys):
     import replay_rl
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "50", "--max-skipped-steps", "3"])
-    assert "3 steps in a row" in str(e.value.code)
+    assert e.value.code == 1 and "3 steps in a row" in capsys.readouterr().err
     rows = step_rows(tmp_path)
     assert [r["skipped"] for r in rows] == [1, 1, 1] and rows[-1]["skipped_steps"] == 3
 

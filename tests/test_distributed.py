@@ -129,6 +129,23 @@ def test_torchrun_demo_resumes_exactly_and_refuses_another_world_size(tmp_path, 
     assert e.value.code == 2 and "saved by 2 process(es), resumed with 1" in capsys.readouterr().err
 
 
+def test_errors_every_rank_reaches_are_printed_once(tmp_path, tiny_path):
+    """A resume every rank refuses alike, after skipping a damaged checkpoint: each line once."""
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "2", "--save-every", "1"])
+    with open(os.path.join(run, "checkpoint-2", "optimizer.pt"), "r+b") as f:
+        f.truncate(40)                                       # a damaged newest checkpoint
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", "train.py", "--resume", run], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.count("skipping") == 1 and "checkpoint-2: damaged, optimizer.pt" in done.stderr
+    assert done.stderr.count("saved by 1 process(es), resumed with 2") == 1, done.stderr
+
+
 def test_torchrun_demo_learns(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     # the on-policy demo round (R = B = N = 256), split over the two processes
