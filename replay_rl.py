@@ -26,6 +26,7 @@ from buffer import Rollout, collate
 
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
+FP16_LOSS_SCALE = 2.0**10       # update_step's loss_scale for float16 base weights (static)
 
 
 def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
@@ -202,8 +203,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
 def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
                 loss_type: str = "tis", is_cap: float = 2.0, epsilon: float = 0.2,
                 normalization: str = "token_mean", temperature: float = 1.0, beta: float = 0.0,
-                asymre_tau: float = 0.1,
-                micro_batch_size: int = 0, max_grad_norm: float = 1.0) -> dict:
+                asymre_tau: float = 0.1, micro_batch_size: int = 0, max_grad_norm: float = 1.0,
+                loss_scale: float = 1.0) -> dict:
     """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
 
     Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
@@ -212,6 +213,10 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     and the optimizer state stay as they were. Under torchrun each process passes its share of the
     batch; the step and the metrics are those of the whole batch, the same on every process, at
     three collectives a step: the batch's counts, the gradients with the metric sums, the maxima.
+    loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
+    gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
+    between, the gradients of the fp16 activations are S times larger, so the small ones do not
+    underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is skipped.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
@@ -242,7 +247,7 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
                               asymre_tau=asymre_tau)
         token_share = sum(len(r.completion_ids) for r in chunk) / total_tokens        # counted on the host
         share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
-        (loss * share).backward()
+        (loss * share * loss_scale).backward()
         with torch.no_grad():   # token means in every normalization; loss and ref_kl normalized like the loss
             sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share, m["is_truncated_frac"] * token_share,
                                  m["approx_kl"] * token_share,
@@ -250,6 +255,9 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
                                 + ([m["ref_kl"] * share] if beta > 0 else [])).double()
             ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if loss_scale != 1.0:       # unscaled: the gradient of the loss itself (LoRA weights are fp32)
+        for p in (p for p in params if p.grad is not None):
+            p.grad.div_(loss_scale)
     if torch.distributed.is_initialized():      # data parallel: the whole batch's gradient, on every process
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = _over_processes(torch.cat([g.flatten().float() for g in grads] + [sums.float()]))

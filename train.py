@@ -98,8 +98,9 @@ class Config:
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
     report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
                                  "folder", choices=("none", "tensorboard"))
-    dtype: str = opt("auto", "weights and compute: auto = bfloat16 on a GPU that supports it, else "
-                             "float32", choices=("auto", "float32", "bfloat16"))
+    dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
+                             "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in float32",
+                     choices=("auto", "float32", "bfloat16", "float16"))
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
@@ -260,7 +261,8 @@ def update(run: Run) -> None:
         policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
         normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
         asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
-        max_grad_norm=cfg.max_grad_norm)
+        max_grad_norm=cfg.max_grad_norm,
+        loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
     stats = state.round_stats
     if next(run.model.parameters()).is_cuda:    # peak GPU memory of training, and of the round
         report.peak_memory(stats, "train")
@@ -341,9 +343,8 @@ def save(run: Run) -> str:
 def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
     path = save(run)
     run.report.close()
-    resume = distributed.command(f"train.py --resume {run.out}")   # torchrun: with W processes
-    distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: {resume}",
-                       file=sys.stderr)
+    distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: "     # or torchrun
+                       f"{distributed.command(f'train.py --resume {run.out}')}", file=sys.stderr)
     sys.exit(128 + stop.agreed)
 
 

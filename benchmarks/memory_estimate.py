@@ -4,11 +4,14 @@
     python benchmarks/memory_estimate.py --model PATH      # the same settings for a local model folder (config.json)
     python benchmarks/memory_estimate.py --model PATH --max-new-tokens 256 --micro-batch-size 8 [--load-in-4bit]
         [--gradient-checkpointing] [--prompt-tokens 231] [--rollouts 64]   # one configuration, term by term
+    python benchmarks/memory_estimate.py --dtype float16   # train.py --dtype float16: the same figures as bf16
 
 GB here is 2^30 bytes, as train.py's gen_peak_mem_gb / train_peak_mem_gb (torch.cuda.max_memory_allocated).
 The estimate is of the peak ALLOCATED memory; the GPU also needs the CUDA context and the allocator's
 reserve on top (see `fits`). Llama/Qwen2-style decoders (RMSNorm, GQA attention with sdpa, SwiGLU MLP),
-LoRA on all linear layers, weights in bf16 or 4-bit (nf4 + double quantization).
+LoRA on all linear layers, weights in bf16 or 4-bit (nf4 + double quantization). float16 (train.py --dtype
+float16, for GPUs without bf16) is bf16 to this estimate: 2 bytes a weight or activation, and the same tensors
+kept in fp32 (the LoRA weights and their inputs, the norms' inputs, the logits).
 
     peak       = max(gen_peak, train_peak)
     gen_peak   = weights + lora + workspace + max(prefill, decode)
@@ -79,6 +82,7 @@ SAMPLING_COPIES = 6          # fp32 [R, V] tensors of one sampling step
 LORA_BYTES = 16              # fp32 weight + gradient + 2 AdamW moments
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)     # nf4 + 8-bit absmax per 64 + fp32 absmax per 256 blocks
 WORKSPACE = 32 * 2**20       # cuBLAS workspace
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}   # train.py's --dtype of the base weights (without 4-bit)
 
 QWEN = {   # Qwen2.5 shapes (the hub's config.json): hidden, layers, heads, kv heads, intermediate, vocab, tying
     "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -124,13 +128,14 @@ def shapes(c: dict) -> dict:
                 qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")))
 
 
-def activation_bytes(c: dict, *, load_in_4bit: bool, lora_r: int = 16, padded: bool = True, tokens: int = 0) -> int:
+def activation_bytes(c: dict, *, load_in_4bit: bool, lora_r: int = 16, padded: bool = True, tokens: int = 0,
+                     dtype: str = "bfloat16") -> int:
     """a: bytes autograd saves per token per layer in the training forward, without checkpointing.
     tokens: the forward's length T (the attention-mask bias of padded prompts grows with it)."""
     d = shapes(c)
     h, q, I = d["h"], d["q"], d["inter"]
     kv = q if padded else d["kv"]                   # repeat_kv under a mask: K and V at the full head count
-    s = 4 if load_in_4bit else 2
+    s = 4 if load_in_4bit else DTYPE_BYTES[dtype]
     a = 8 * h + s * (2 * q + 2 * kv) + 4 * d["heads"] + 3 * s * I + 7 * 4 * lora_r + 8
     # the inputs the LoRA A matmuls keep, in fp32: 7 copies in bf16; the fp32 stream's own tensors in 4-bit
     a += 4 * (5 * h + q + I) if not load_in_4bit else 4 * (2 * h + I)
@@ -140,23 +145,25 @@ def activation_bytes(c: dict, *, load_in_4bit: bool, lora_r: int = 16, padded: b
 
 
 def estimate(c: dict, *, load_in_4bit: bool, rollouts: int, prompt_tokens: int, max_new_tokens: int,
-             micro_batch: int, lora_r: int = 16, gradient_checkpointing: bool = False, padded: bool = True) -> dict:
+             micro_batch: int, lora_r: int = 16, gradient_checkpointing: bool = False, padded: bool = True,
+             dtype: str = "bfloat16") -> dict:
     """Every term of the formula (module docstring) in GB, and gen_peak, train_peak, peak.
-    prompt_tokens: the longest prompt of a round (the others are padded to it)."""
+    prompt_tokens: the longest prompt of a round (the others are padded to it). dtype: of the base
+    weights without 4-bit, "bfloat16" or "float16" (DTYPE_BYTES)."""
     d = shapes(c)
     h, q, kv, I, V, n = d["h"], d["q"], d["kv"], d["inter"], d["V"], d["layers"]
     linears = [(h, q), (h, kv), (h, kv), (q, h), (h, I), (h, I), (I, h)]     # q, k, v, o, gate, up, down
     linear_params = n * sum(i * o for i, o in linears)
     other_params = V * h * (1 if d["tied"] else 2) + 2 * n * h + h + (n * (q + 2 * kv) if d["qkv_bias"] else 0)
-    weights = linear_params * NF4_BYTES + other_params * 4 if load_in_4bit else (linear_params + other_params) * 2
+    s = 4 if load_in_4bit else DTYPE_BYTES[dtype]
+    weights = linear_params * NF4_BYTES + other_params * 4 if load_in_4bit else (linear_params + other_params) * s
     lora = n * sum(lora_r * (i + o) for i, o in linears) * LORA_BYTES
-    s = 4 if load_in_4bit else 2
     R, P, C, m = rollouts, prompt_tokens, max_new_tokens, micro_batch
     kv_per_token = 2 * n * kv * s
     prefill = kv_per_token * R * P + R * P * ((2 * s + 8) * I + 2 * s * h)
     decode = kv_per_token * R * (P + C) + SAMPLING_COPIES * 4 * R * V
     T = P + C - 1
-    a = activation_bytes(c, load_in_4bit=load_in_4bit, lora_r=lora_r, padded=padded, tokens=T)
+    a = activation_bytes(c, load_in_4bit=load_in_4bit, lora_r=lora_r, padded=padded, tokens=T, dtype=dtype)
     saved = n * m * T * (s * h if gradient_checkpointing else a)     # at the logits' backward
     recompute = 2 * m * T * a if gradient_checkpointing else 0          # later: one layer recomputed
     logits = m * C * V * 4
@@ -197,6 +204,8 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=0, help="with --micro-batch-size: one configuration")
     p.add_argument("--micro-batch-size", type=int, default=0)
     p.add_argument("--load-in-4bit", action="store_true")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
+                   help="base weights without --load-in-4bit (train.py's --dtype; float16: as bf16)")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--unpadded", action="store_true", help="all prompts of a round have the same length")
@@ -206,13 +215,14 @@ def main(argv=None):
         with open(os.path.join(args.model, "config.json")) as f:
             models = {os.path.basename(args.model.rstrip("/")): json.load(f)}
     common = dict(rollouts=args.rollouts, prompt_tokens=args.prompt_tokens, lora_r=args.lora_r,
-                  padded=not args.unpadded)
+                  padded=not args.unpadded, dtype=args.dtype)
+    half = {"bfloat16": "bf16", "float16": "fp16"}[args.dtype]     # the label of the 2-byte rows
     if args.max_new_tokens and args.micro_batch_size:
         for name, c in models.items():
             e = estimate(c, load_in_4bit=args.load_in_4bit, max_new_tokens=args.max_new_tokens,
                          micro_batch=args.micro_batch_size, gradient_checkpointing=args.gradient_checkpointing,
                          **common)
-            print(f"ESTIMATE {name}: peak {e['peak']:.2f} GB = max(gen {e['gen_peak']:.2f}, train {e['train_peak']:.2f}); "
+            print(f"ESTIMATE {name} ({'4-bit' if args.load_in_4bit else half}): peak {e['peak']:.2f} GB = max(gen {e['gen_peak']:.2f}, train {e['train_peak']:.2f}); "
                   + ", ".join(f"{k} {e[k]:.2f}" for k in ("weights", "lora", "workspace", "prefill", "decode",
                                                           "activations", "logits", "recompute")))
         return
@@ -234,8 +244,8 @@ def main(argv=None):
     for name, w, new, micro, ckpt in rows:
         e = estimate(models[name], load_in_4bit=w == "4-bit", max_new_tokens=new, micro_batch=micro,
                      gradient_checkpointing=ckpt, **common)
-        print(f"| {name} | {w} | {new} | {micro} | {'yes' if ckpt else 'no'} | {e['peak']:.1f} | "
-              f"{e['gen_peak']:.1f} / {e['train_peak']:.1f} | {fits(e['peak'])} |")
+        print(f"| {name} | {half if w == 'bf16' else w} | {new} | {micro} | {'yes' if ckpt else 'no'} | "
+              f"{e['peak']:.1f} | {e['gen_peak']:.1f} / {e['train_peak']:.1f} | {fits(e['peak'])} |")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,19 @@ def test_generation_peak_grows_with_rollouts_and_length_and_4bit_weights_are_sma
     assert est({**Q05, "tie_word_embeddings": False})["weights"] == pytest.approx(base["weights"] + 151936 * 896 * 2 / GB)
 
 
+def test_float16_is_bf16_to_the_estimate(capsys):
+    """train.py --dtype float16: 2-byte weights and activations, the same fp32 tensors as bf16."""
+    for settings in (dict(), dict(ckpt=True, micro=2, new=512), dict(q4=True)):
+        bf16 = est(**settings)
+        assert me.estimate(Q05, load_in_4bit=settings.get("q4", False), rollouts=64, prompt_tokens=231,
+                           max_new_tokens=settings.get("new", 256), micro_batch=settings.get("micro", 8),
+                           gradient_checkpointing=settings.get("ckpt", False), dtype="float16") == bf16
+    me.main(["--dtype", "float16", "--max-new-tokens", "256", "--micro-batch-size", "8"])
+    assert f"ESTIMATE Qwen2.5-0.5B (fp16): peak {est()['peak']:.2f} GB" in capsys.readouterr().out
+    me.main(["--dtype", "float16"])
+    assert "| Qwen2.5-0.5B | fp16 | 512 | 2 | yes |" in capsys.readouterr().out
+
+
 def test_readme_table_is_the_measurements_and_this_estimate():
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     rows = [line.strip("|").split("|") for line in readme.splitlines()

@@ -49,8 +49,9 @@ def test_help_shows_the_choices_of_fields_that_have_them(capsys):
         train.parse_config(["--help"])
     out = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
     for flag, choices in [("--loss", "{tis,ppo,asymre}"), ("--normalization", "{token_mean,sequence_mean}"),
-                          ("--dtype", "{auto,float32,bfloat16}"), ("--report-to", "{none,tensorboard}"),
-                          ("--reward-mode", "{strict,lenient}"), ("--on-reward-error", "{raise,zero}")]:
+                          ("--dtype", "{auto,float32,bfloat16,float16}"),
+                          ("--report-to", "{none,tensorboard}"), ("--reward-mode", "{strict,lenient}"),
+                          ("--on-reward-error", "{raise,zero}")]:
         assert f"{flag} {choices}" in out, flag
     assert "--lr FLOAT" in out and "--task STR" in out                 # the others show their type
 
