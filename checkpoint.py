@@ -192,6 +192,20 @@ def save_adapter(model, folder: str) -> None:
         model.save_pretrained(folder)
 
 
+def load_adapter(model, folder: str) -> None:
+    """Put a saved LoRA adapter (``folder``/adapter_model.safetensors, no pickles) into a PEFT model
+    that has the same adapter layout (load_policy with the same r). Raises ValueError on weights
+    the model has no place for (another layout)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    unexpected = set_peft_model_state_dict(model, weights).unexpected_keys
+    if unexpected:
+        raise ValueError(f"{folder}: {len(unexpected)} adapter weights fit no LoRA layer of the "
+                         f"model, e.g. {unexpected[0]}")
+
+
 def drop_after(run_dir: str, round: int) -> None:
     """Delete the checkpoints after ``round``: resuming from an earlier one abandons them."""
     if distributed.is_main():

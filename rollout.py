@@ -197,8 +197,9 @@ def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_
 
 @torch.inference_mode()
 def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
-                   batch_size: int = 256) -> dict[str, float]:
-    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``."""
+                   batch_size: int = 256, progress=None) -> dict[str, float]:
+    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
+    progress: e.g. a tqdm bar, advanced by the prompts of each batch done."""
     device = next(model.parameters()).device
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
@@ -212,4 +213,6 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
         texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
         for name, fn in reward_fns.items():
             totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
+        if progress is not None:
+            progress.update(len(chunk))
     return {name: total / len(prompts) for name, total in totals.items()}
