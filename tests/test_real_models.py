@@ -172,6 +172,12 @@ def test_train_on_a_local_model_with_a_chat_template_and_a_jsonl_task(model_dirs
     assert seen_by_reward and all(p.startswith("what is ") for p in seen_by_reward)   # the plain prompt
     evals = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl") if "eval_accuracy" in l]
     assert {"eval_strict", "eval_lenient"} <= set(evals[0]) and [e["round"] for e in evals] == [0, 1, 2]
+    # evaluate.py rebuilds the model, chat template, system prompt, task and reward from the run's
+    # config: the figures of the last eval line
+    import evaluate
+    scores = evaluate.main([str(tmp_path / "run"), "--eval-prompts", "2"])
+    names = ("eval_accuracy", "eval_strict", "eval_lenient")
+    assert {k: scores[k] for k in names} == {k: evals[-1][k] for k in names}
 
 
 @pytest.mark.parametrize("load_in_4bit", [False, True])
