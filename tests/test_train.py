@@ -141,3 +141,16 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
         assert {k: plain[k] for k in keys if k in plain} == pytest.approx({k: fast[k] for k in keys if k in fast},
                                                                           rel=1e-4, abs=1e-6)
     assert len(runs[0]) == len(runs[1]) == 3 + 2                       # 3 rounds, 2 evals
+
+
+def test_docs_metrics_table_names_every_logged_field(tmp_path, tiny_path):
+    """docs/metrics.md lists every field a run logs (a new metric without a line there fails)."""
+    import os
+    train.main(["--output-dir", str(tmp_path), "--max-rounds", "2", "--prompts-per-round", "4", "--num-generations",
+                "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20", "--beta", "0.1",
+                "--no-plot", "--no-progress"])
+    logged = set().union(*(json.loads(line) for line in open(tmp_path / "metrics.jsonl")))
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "metrics.md")).read()
+    named = {f for line in doc.splitlines() if line.startswith("| `") for f in
+             __import__("re").findall(r"`(\w+)`", line.split("|")[1])}
+    assert logged and logged <= named, sorted(logged - named)
