@@ -264,7 +264,7 @@ def main(argv=None) -> dict:
     p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string")
     args = p.parse_args(argv)
     if args.quick:      # one model: no warm starts to build
-        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 30_000, 2, 200, 4, 200
+        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 12_000, 2, 200, 4, 200
         args.one_model = True
     if "on_policy" not in args.arms:
         p.error("--arms must include on_policy (it sets the target)")

@@ -15,7 +15,7 @@ kept in fp32 (the LoRA weights and their inputs, the norms' inputs, the logits).
 
     peak       = max(gen_peak, train_peak)
     gen_peak   = weights + lora + workspace + max(prefill, decode)
-    train_peak = weights + lora + workspace + K_ACT * activations + max(LOGIT_COPIES * logits, K_ACT * recompute)
+    train_peak = weights + lora + workspace + activations + max(LOGIT_COPIES * logits, recompute)
 
 with s = bytes of the residual stream: 2 in bf16, 4 with --load-in-4bit (peft's prepare_model_for_kbit_training
 upcasts every weight it does not quantize to fp32, the embedding too, so the hidden states are fp32), R rollouts
@@ -56,18 +56,16 @@ I intermediate, kv = kv heads * head dim, V vocabulary:
   logits       m * C * V * 4: fp32 logits of the completion columns (completion_logp). At the backward peak 5
                are alive: the saved scaled logits, gather's gradient, and the three temporaries of logsumexp's
                backward (logits - lse, its exp, grad * exp). The forward holds fewer (bf16 logits, fp32 logits,
-               softmax, softmax * logits for the entropy). Checked on CPU with a live-tensor count.
+               softmax for the entropy). Checked on CPU with a live-tensor count.
 
-Constants: LOGIT_COPIES = 5, the 16 LoRA bytes, the 6 [R, V] tensors and the workspace are read off the code,
-not fitted. ONE constant is fitted to the H200 measurements (MEASURED below):
-  K_ACT = 1.20, the ratio of the measured to the counted saved activations (only the row without gradient
-  checkpointing has enough of them to tell). On the GPU more is kept than the CPU count shows; likely causes,
-  which three measurements cannot separate: the caching allocator rounds each of the ~500 saved tensors up to
-  its block, the GPU attention kernels keep padded copies, and the measured prompts were padded to a longest
-  prompt above 231 tokens. With K_ACT = 1 (nothing fitted) the three rows come out at -9%, -7% and +7%.
-  Not modelled: the allocator's reserve beyond the allocated peak (train.py logs gen_reserved_gb /
-  train_reserved_gb), the KV cache's copy while it grows by one token (one layer at a time), LoRA gradients and
-  AdamW moments before the first update (the steady state is assumed: +8 bytes per LoRA parameter).
+Constants: LOGIT_COPIES = 5, the 16 LoRA bytes, the 6 [R, V] tensors and the workspace are read off the code;
+nothing is fitted. Against the five rows measured on an H200 (MEASURED below) the estimate is within 3%.
+(An earlier version fitted a factor of 1.20 on the saved activations to a measurement of 16.1 GB for the first
+row, taken with older code; measured again on 2026-11-30 it is 14.73 GB, which the plain count gives.)
+Not modelled: the allocator's reserve beyond the allocated peak (train.py logs gen_reserved_gb /
+train_reserved_gb; on the H200, with no memory pressure, it reserved 6% to 133% more than it allocated), the
+KV cache's copy while it grows by one token (one layer at a time), LoRA gradients and AdamW moments before the
+first update (the steady state is assumed: +8 bytes per LoRA parameter).
 """
 from __future__ import annotations
 
@@ -76,7 +74,6 @@ import json
 import os
 
 GB = 2**30
-K_ACT = 1.20                 # fitted: measured / counted saved activations (the no-checkpointing row)
 LOGIT_COPIES = 5             # fp32 [m, C, V] tensors alive at the backward peak (read off the code)
 SAMPLING_COPIES = 6          # fp32 [R, V] tensors of one sampling step
 LORA_BYTES = 16              # fp32 weight + gradient + 2 AdamW moments
@@ -93,27 +90,32 @@ QWEN = {   # Qwen2.5 shapes (the hub's config.json): hidden, layers, heads, kv h
                        intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2"),
 }
 
-# Measured on a lent NVIDIA H200, 2026-11 (torch 2.11, transformers 5.17, peft 0.21, bitsandbytes 0.50.2): a model
-# with Qwen2.5-0.5B's shapes and random weights (152k vocabulary; its config.json presumably left
-# tie_word_embeddings at Qwen2Config's default, False: an assumption, not recorded with the figures), GSM8K-format
-# prompts of ~231 tokens, 8 prompts x 8 generations = 64 rollouts per round, B = N = 128, LoRA r = 16 on all
-# linear layers; peak allocated memory over a round (train.py's peak_mem_gb, GB = 2^30 bytes).
-MEASURED_MODEL = {**QWEN["Qwen2.5-0.5B"], "tie_word_embeddings": False}
-MEASURED_SETTINGS = dict(rollouts=64, prompt_tokens=231)
-MEASURED = [   # (weights, max new tokens, micro-batch, gradient checkpointing, peak GB)
-    ("bf16", 256, 8, False, 16.1),
-    ("4-bit", 256, 2, True, 3.1),
-    ("bf16", 512, 2, True, 4.0),
+# Measured on a lent NVIDIA H200 on 2026-11-30 (torch 2.11, transformers 5.17, peft 0.21, bitsandbytes 0.50.2;
+# `bash benchmarks/gpu_check.sh`): models with Qwen2.5-0.5B's shapes (untied lm_head, Qwen2Config's default) and
+# Qwen2.5-1.5B's (tied, as the hub's) and random weights, GSM8K-format prompts of 224-237 tokens, 8 prompts x 8
+# generations = 64 rollouts per round, B = N = 128, LoRA r = 16 on all linear layers, every completion running to
+# the limit; peak allocated and reserved memory over a round (train.py's metrics, GB = 2^30 bytes).
+MEASURED_MODELS = {"0.5B-shaped, untied": {**QWEN["Qwen2.5-0.5B"], "tie_word_embeddings": False},
+                   "Qwen2.5-1.5B": QWEN["Qwen2.5-1.5B"]}
+MEASURED_SETTINGS = dict(rollouts=64, prompt_tokens=237)
+MEASURED = [   # (model, weights, max new tokens, micro-batch, gradient checkpointing, peak allocated, reserved GB)
+    ("0.5B-shaped, untied", "bf16", 256, 8, False, 14.73, 15.64),
+    ("0.5B-shaped, untied", "4-bit", 256, 2, True, 2.91, 5.23),
+    ("0.5B-shaped, untied", "bf16", 512, 2, True, 4.29, 6.47),
+    ("Qwen2.5-1.5B", "4-bit", 256, 2, True, 4.81, 7.62),
+    ("Qwen2.5-1.5B", "4-bit", 512, 2, True, 4.86, 11.30),
 ]
-README_ROWS = [   # (model, weights, max new tokens, micro-batch, gradient checkpointing)
+CUDA_CONTEXT_GB = 0.67       # measured there: GPU memory in use beyond what torch reserved (context, libraries)
+README_ROWS = [   # (model, weights, max new tokens, micro-batch, gradient checkpointing): docs/gpu.md's table
     ("Qwen2.5-0.5B", "bf16", 256, 8, False),
+    ("Qwen2.5-0.5B", "bf16", 256, 4, True),     # the README's GSM8K command
+    ("Qwen2.5-0.5B", "4-bit", 256, 4, True),
     ("Qwen2.5-0.5B", "bf16", 512, 2, True),
-    ("Qwen2.5-0.5B", "4-bit", 256, 2, True),
-    ("Qwen2.5-1.5B", "bf16", 256, 8, False),
-    ("Qwen2.5-1.5B", "bf16", 512, 2, True),
+    ("Qwen2.5-1.5B", "bf16", 256, 2, True),
+    ("Qwen2.5-1.5B", "4-bit", 256, 2, True),
     ("Qwen2.5-1.5B", "4-bit", 512, 2, True),
-    ("Qwen2.5-3B", "bf16", 512, 2, True),
-    ("Qwen2.5-3B", "4-bit", 256, 8, False),
+    ("Qwen2.5-3B", "bf16", 256, 2, True),
+    ("Qwen2.5-3B", "4-bit", 256, 2, True),
     ("Qwen2.5-3B", "4-bit", 512, 2, True),
 ]
 
@@ -169,10 +171,10 @@ def estimate(c: dict, *, load_in_4bit: bool, rollouts: int, prompt_tokens: int, 
     logits = m * C * V * 4
     fixed = weights + lora + WORKSPACE
     terms = dict(weights=weights, lora=lora, workspace=WORKSPACE, prefill=prefill, decode=decode,
-                 activations=K_ACT * saved, logits=LOGIT_COPIES * logits, recompute=K_ACT * recompute)
+                 activations=saved, logits=LOGIT_COPIES * logits, recompute=recompute)
     terms = {k: v / GB for k, v in terms.items()}
     terms["gen_peak"] = (fixed + max(prefill, decode)) / GB
-    terms["train_peak"] = (fixed + K_ACT * saved + max(LOGIT_COPIES * logits, K_ACT * recompute)) / GB
+    terms["train_peak"] = (fixed + saved + max(LOGIT_COPIES * logits, recompute)) / GB
     terms["peak"] = max(terms["gen_peak"], terms["train_peak"])
     return terms
 
@@ -183,17 +185,19 @@ def estimate_gb(c: dict, **kwargs) -> float:
 
 
 def fits(gb: float) -> str:
-    """The smallest usual GPU for a peak of gb allocated: +10% allocator reserve and 0.6 GB of CUDA context
-    (assumed, not measured: gpu_check.sh logs the reserved peak next to the allocated one)."""
-    need = gb * 1.1 + 0.6
+    """The smallest usual GPU for a peak of gb allocated: + the measured CUDA context (0.67 GB) and 10% for the
+    allocator's reserve under memory pressure (assumed: without pressure, on the H200, it reserved more, but it
+    frees its cached blocks and retries before it reports out of memory)."""
+    need = gb * 1.1 + CUDA_CONTEXT_GB
     return next((f"{cap} GB" for cap in (6, 8, 12, 16, 24, 32, 48, 80) if need <= cap), "> 80 GB")
 
 
 def measured_vs_estimated() -> list[tuple]:
-    """[(weights, new tokens, micro-batch, ckpt, measured GB, estimate dict)] for the measured rows."""
-    return [(w, new, micro, ckpt, gb, estimate(MEASURED_MODEL, load_in_4bit=w == "4-bit", max_new_tokens=new,
-                                                micro_batch=micro, gradient_checkpointing=ckpt, **MEASURED_SETTINGS))
-            for w, new, micro, ckpt, gb in MEASURED]
+    """[(model, weights, new tokens, micro-batch, ckpt, measured GB, reserved GB, estimate dict)]."""
+    return [(name, w, new, micro, ckpt, gb, reserved,
+             estimate(MEASURED_MODELS[name], load_in_4bit=w == "4-bit", max_new_tokens=new, micro_batch=micro,
+                      gradient_checkpointing=ckpt, **MEASURED_SETTINGS))
+            for name, w, new, micro, ckpt, gb, reserved in MEASURED]
 
 
 def main(argv=None):
@@ -227,14 +231,16 @@ def main(argv=None):
                                                           "activations", "logits", "recompute")))
         return
     if not args.model:
-        print("MEASURED (H200, 2026-11, torch 2.11 / transformers 5.17 / peft 0.21 / bitsandbytes 0.50.2; Qwen2.5-0.5B "
-              "shapes, random weights, untied embedding assumed) vs this estimate, 231-token prompts, 64 rollouts:")
-        print("| weights | max new tokens | micro-batch | grad. ckpt | measured GB | estimate GB | error | est. gen / train GB |")
-        print("|---|---|---|---|---|---|---|---|")
-        for w, new, micro, ckpt, gb, e in measured_vs_estimated():
+        print("MEASURED (H200, 2026-11-30, torch 2.11 / transformers 5.17 / peft 0.21 / bitsandbytes 0.50.2; random "
+              "weights) vs this estimate, prompts of up to 237 tokens, 64 rollouts:")
+        print("| model | weights | max new tokens | micro-batch | grad. ckpt | measured GB (reserved) | estimate GB "
+              "| error | est. gen / train GB |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, w, new, micro, ckpt, gb, reserved, e in measured_vs_estimated():
             error = (e["peak"] - gb) / gb
-            print(f"| {w} | {new} | {micro} | {'yes' if ckpt else 'no'} | {gb:.1f} | {e['peak']:.1f} | "
-                  f"{f'{error:+.0%}' if abs(error) >= 0.005 else '0%'} | {e['gen_peak']:.1f} / {e['train_peak']:.1f} |")
+            print(f"| {name} | {w} | {new} | {micro} | {'yes' if ckpt else 'no'} | {gb:.2f} ({reserved:.2f}) | "
+                  f"{e['peak']:.2f} | {f'{error:+.0%}' if abs(error) >= 0.005 else '0%'} | "
+                  f"{e['gen_peak']:.1f} / {e['train_peak']:.1f} |")
         print()
     print(f"ESTIMATED peak allocated GPU memory (GB) of one round; LoRA r={args.lora_r} on all linear layers; "
           f"{args.rollouts} rollouts per round; prompts padded to {args.prompt_tokens} tokens")

@@ -148,11 +148,12 @@ def test_errors_every_rank_reaches_are_printed_once(tmp_path, tiny_path):
 
 def test_torchrun_demo_learns(tmp_path, tiny_path):
     run = str(tmp_path / "run")
-    # the on-policy demo round (R = B = N = 256), split over the two processes
-    torchrun(["train.py", "--output-dir", run, "--prompts-per-round", "32", "--max-rounds", "150",
-              "--eval-every", "150", "--no-progress", "--no-plot", "--seed", "1"], tmp_path)
+    # the default demo round (R = 128 new rollouts, B = N = 256: replay), split over the two processes.
+    # One process gains +0.49 to +0.58 by round 25 from every warm start (benchmarks/demo_matrix.py)
+    torchrun(["train.py", "--output-dir", run, "--max-rounds", "25", "--eval-every", "25", "--eval-prompts", "200",
+              "--no-progress", "--no-plot", "--seed", "1"], tmp_path)
     evals = [r for r in step_rows(run) if "eval_accuracy" in r]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == 150
+    assert evals[0]["step"] == 0 and evals[-1]["round"] == 25
     gain = evals[-1]["eval_accuracy"] - evals[0]["eval_accuracy"]
     print(f"2 processes: accuracy {evals[0]['eval_accuracy']:.3f} -> {evals[-1]['eval_accuracy']:.3f}")
-    assert gain >= 0.05, gain
+    assert gain >= 0.3, gain

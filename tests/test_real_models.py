@@ -206,3 +206,39 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
     assert len(grads[True]) == 28 and all(g.abs().sum() > 0 for g in grads[True].values())
     for name, g in grads[False].items():
         torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_readme_adapter_snippet_runs_and_the_merged_model_answers_alike(model_dirs, tmp_path, capsys):
+    """The README's 'Use the adapter' code, run as written on a local chat model and a trained
+    adapter: it prints a completion, and the merged model it saves gives the same greedy answer."""
+    import os
+    import re
+    import shutil
+
+    import train
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(model_dirs["qwen2"], folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    tokenizer.save_pretrained(folder)
+    run = tmp_path / "run"
+    train.main(["--model", str(folder), "--task", "addition", "--output-dir", str(run), "--max-rounds", "1",
+                "--prompts-per-round", "2", "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8",
+                "--eval-prompts", "2", "--no-plot", "--no-progress", "--lr", "0.05"])
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert "PeftModel.from_pretrained" in code and "merge_and_unload" in code
+    code = (code.replace("Qwen/Qwen2.5-0.5B-Instruct", str(folder)).replace("runs/RUN/adapter", str(run / "adapter"))
+            .replace('"qwen-gsm8k"', repr(str(tmp_path / "merged"))).replace("max_new_tokens=256", "max_new_tokens=12")
+            .replace("torch.bfloat16", "torch.float32"))      # float32: merging in bf16 could round an argmax over
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})           # our own README's code, not model output
+    printed = capsys.readouterr().out
+    assert printed.strip()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    exec(compile(code.replace("model = PeftModel.from_pretrained(base,", "model = (lambda *a: merged)(base,")
+                 .split("model.merge_and_unload")[0], "README.md", "exec"), {"merged": merged})
+    assert capsys.readouterr().out == printed              # the merged weights answer as base + adapter

@@ -79,7 +79,8 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     from transformers import AutoModelForCausalLM
 
     # the default config: the paper's replay (R = 128 new rollouts, B = N = 256, each rollout used twice)
-    result = train.main(["--output-dir", str(tmp_path), "--seed", "0", "--max-rounds", "400", "--eval-every", "100"])
+    result = train.main(["--output-dir", str(tmp_path), "--seed", "0", "--max-rounds", "25", "--eval-every", "25",
+                         "--eval-prompts", "200"])
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if "eval_accuracy" not in r]
@@ -90,8 +91,9 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     assert steps[-1]["uses_mean"] > 1.4 and steps[-1]["age_mean"] > 0                  # replay: reused, stale data
     gain = result["final_accuracy"] - result["first_accuracy"]
     print(f"accuracy {result['first_accuracy']:.3f} -> {result['final_accuracy']:.3f}")
-    # 500 held-out prompts: the sd of a paired difference is ~0.03; the run gains ~0.15
-    assert gain >= 0.08, (result["first_accuracy"], result["final_accuracy"])
+    # From every warm start (3 seeds x 1 and 2 threads x 2 RL seeds, benchmarks/demo_matrix.py) the default
+    # run gained +0.49 to +0.58 by round 25; on 200 prompts the sd of a paired difference is ~0.05
+    assert gain >= 0.3, (result["first_accuracy"], result["final_accuracy"])
 
     base = AutoModelForCausalLM.from_pretrained(tiny_path)
     reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
@@ -100,7 +102,7 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     with torch.no_grad():
         assert not torch.allclose(reloaded(ids).logits, plain(ids).logits, atol=1e-4)   # the adapter changed it
         acc = __import__("rollout").greedy_accuracy(reloaded, __import__("demo").char_tokenizer(),
-                                                    addition.eval_prompts, addition.reward,
+                                                    addition.eval_prompts[:200], addition.reward,
                                                     max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)
 
@@ -160,3 +162,16 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
         assert {k: plain[k] for k in keys if k in plain} == pytest.approx({k: fast[k] for k in keys if k in fast},
                                                                           rel=1e-4, abs=1e-6)
     assert len(runs[0]) == len(runs[1]) == 3 + 2                       # 3 rounds, 2 evals
+
+
+def test_docs_metrics_table_names_every_logged_field(tmp_path, tiny_path):
+    """docs/metrics.md lists every field a run logs (a new metric without a line there fails)."""
+    import os
+    train.main(["--output-dir", str(tmp_path), "--max-rounds", "2", "--prompts-per-round", "4", "--num-generations",
+                "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20", "--beta", "0.1",
+                "--no-plot", "--no-progress"])
+    logged = set().union(*(json.loads(line) for line in open(tmp_path / "metrics.jsonl")))
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "metrics.md")).read()
+    named = {f for line in doc.splitlines() if line.startswith("| `") for f in
+             __import__("re").findall(r"`(\w+)`", line.split("|")[1])}
+    assert logged and logged <= named, sorted(logged - named)
