@@ -157,3 +157,16 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                               loss_type="asymre", asymre_tau=0.1)
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_readme_gives_policy_loss_line_range():
+    """The README's 'Copying' section names the lines of policy_loss: they must be the function."""
+    import ast
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first, last = map(int, re.search(r"`policy_loss` \(lines (\d+)-(\d+) of `replay_rl.py`\)",
+                                     open(os.path.join(root, "README.md")).read()).groups())
+    source = open(os.path.join(root, "replay_rl.py")).read()
+    fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "policy_loss")
+    assert (fn.lineno, fn.end_lineno) == (first, last)
