@@ -87,6 +87,19 @@ def timer(device: str):
     return timed
 
 
+def bare_step(model, optimizer, cols: dict) -> None:
+    """The bare baseline of update_step: forward, mean log-prob loss, backward, optimizer step."""
+    mask = cols["completion_mask"]
+    C = mask.shape[1]
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(input_ids=cols["input_ids"], attention_mask=cols["attention_mask"],
+                   position_ids=cols["position_ids"], logits_to_keep=C + 1).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, cols["input_ids"][:, -C:, None]).squeeze(-1)
+    loss = -(logp * mask).sum() / mask.sum()
+    loss.backward()
+    optimizer.step()
+
+
 def side_by_side(timed, ours, bare, repeats: int, warmup: int) -> tuple[float, float, float]:
     """Median seconds of ours() and bare(), and the median of their ratio within each repetition.
     The two run back to back, first one then the other first, so a change of the machine's load
@@ -179,15 +192,7 @@ def main(argv=None) -> dict:
         return update_step(model, optimizer, batch, policy_version=0, **step)
 
     def bare_update():
-        mask = cols["completion_mask"]
-        C = mask.shape[1]
-        bare_optimizer.zero_grad(set_to_none=True)
-        logits = model(input_ids=cols["input_ids"], attention_mask=cols["attention_mask"],
-                       position_ids=cols["position_ids"], logits_to_keep=C + 1).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, cols["input_ids"][:, -C:, None]).squeeze(-1)
-        loss = -(logp * mask).sum() / mask.sum()
-        loss.backward()
-        bare_optimizer.step()
+        bare_step(model, bare_optimizer, cols)
 
     update_s, bare_update_s, update_overhead = side_by_side(timed, update, bare_update, args.repeats, args.warmup)
 

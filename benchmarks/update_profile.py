@@ -24,12 +24,13 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the project's modules
 
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import replay_rl  # noqa: E402
+from bench import bare_step  # noqa: E402
 from buffer import Rollout, collate  # noqa: E402
 from demo import char_tokenizer  # noqa: E402
 from replay_rl import load_policy, update_step  # noqa: E402
@@ -60,14 +61,7 @@ sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
 
 def bare():
-    mask = cols["completion_mask"]
-    n = mask.shape[1]
-    bare_opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=cols["input_ids"], attention_mask=cols["attention_mask"],
-                   position_ids=cols["position_ids"], logits_to_keep=n + 1).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, cols["input_ids"][:, -n:, None]).squeeze(-1)
-    (-(logp * mask).sum() / mask.sum()).backward()
-    bare_opt.step()
+    bare_step(model, bare_opt, cols)
 
 
 def forward(batch):

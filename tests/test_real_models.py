@@ -37,6 +37,18 @@ def model_dirs(tmp_path_factory):
     return folders
 
 
+def chat_model(model_dirs, arch: str, tmp_path):
+    """A copy of the tiny model folder whose tokenizer has a (minimal) chat template, as instruct models do."""
+    import shutil
+    folder = tmp_path / "chat-model"
+    shutil.copytree(model_dirs[arch], folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def load(folder: str, arch: str, **kwargs):
     # exactly the path of a hub id (load_policy handles the Qwen2 char-vocabulary trap itself)
     return load_policy(folder, lora_r=4, **kwargs)
@@ -132,18 +144,12 @@ def test_train_on_a_local_model_with_a_chat_template_and_a_jsonl_task(model_dirs
     """The whole train.py path for a user's model folder: chat template (with a system prompt) on
     the model's side, the plain prompt on the reward's side, a GSM8K-format file as the task."""
     import json
-    import shutil
     import sys
 
     import rollout
     import train
 
-    folder = tmp_path / "chat-model"
-    shutil.copytree(model_dirs["llama"], folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};{% endfor %}"
-                               "{% if add_generation_prompt %}assistant:{% endif %}")
-    tokenizer.save_pretrained(folder)
+    folder = chat_model(model_dirs, "llama", tmp_path)
     rows = [{"question": f"what is {i} + {i}", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(20)]
     (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -213,17 +219,11 @@ def test_readme_adapter_snippet_runs_and_the_merged_model_answers_alike(model_di
     adapter: it prints a completion, and the merged model it saves gives the same greedy answer."""
     import os
     import re
-    import shutil
 
     import train
     from transformers import AutoModelForCausalLM
 
-    folder = tmp_path / "chat-model"
-    shutil.copytree(model_dirs["qwen2"], folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};{% endfor %}"
-                               "{% if add_generation_prompt %}assistant:{% endif %}")
-    tokenizer.save_pretrained(folder)
+    folder = chat_model(model_dirs, "qwen2", tmp_path)
     run = tmp_path / "run"
     train.main(["--model", str(folder), "--task", "addition", "--output-dir", str(run), "--max-rounds", "1",
                 "--prompts-per-round", "2", "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8",
