@@ -9,8 +9,9 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 each update mixes the newest R rollouts with y-1 older rounds; each rollout used y times
     control     on-policy with R = B = N = B/y: as many updates per generated token as replay,
                 with no reuse; it separates "reuse" from "more, smaller updates"
-  optional (--arms): replay_pbr (positive-bias retention), replay_nonzero (only rollouts with a
-                non-zero advantage are kept), replay_ppo (the clipped loss), replay_asymre (AsymRE),
+  optional (--arms): replay_y3 (the replay arm with y = 3), replay_pbr (positive-bias retention),
+                replay_nonzero (only rollouts with a non-zero advantage are kept), replay_ppo (the
+                clipped loss), replay_asymre (AsymRE),
                 control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
 
@@ -44,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "control_nonzero")
+OPTIONAL_ARMS = ("replay_y3", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "control_nonzero")
 GPU_MU = (8.0, 27.0)            # measured on a lent H200, 0.5B-shaped model (train.py runs / bench.py)
 
 
@@ -54,6 +55,8 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
         P, N, B = batch // G, batch, batch
     elif arm == "control":
         P, N, B = batch // (y * G), batch // y, batch // y
+    elif arm == "replay_y3":                # replay with each rollout used 3 times, whatever --replay-ratio
+        P, N, B = batch // (3 * G), batch, batch
     elif arm == "control_nonzero":          # a queue of kept rollouts, each used once: no eviction before use
         P, N, B = batch // (y * G), batch + batch // y, batch
     else:
@@ -270,9 +273,10 @@ def main(argv=None) -> dict:
         p.error("--arms must include on_policy (it sets the target)")
     if args.replay_ratio < 2:
         p.error(f"--replay-ratio {args.replay_ratio}: must be >= 2")
-    if args.batch_size % (args.replay_ratio * args.num_generations):
-        p.error(f"--batch-size {args.batch_size} must be a multiple of replay_ratio x num_generations "
-                f"= {args.replay_ratio * args.num_generations}")
+    for y in {args.replay_ratio, *([3] if "replay_y3" in args.arms else [])}:
+        if args.batch_size % (y * args.num_generations):
+            p.error(f"--batch-size {args.batch_size} must be a multiple of replay ratio x num_generations "
+                    f"= {y * args.num_generations}")
     if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
         p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
     try:

@@ -79,6 +79,8 @@ def test_arms_follow_their_definitions():
     assert (int(rep["--prompts-per-round"]) * 8, int(rep["--buffer-size"]), int(rep["--batch-size"])) == (128, 256, 256)
     assert (int(ctl["--prompts-per-round"]) * 8, int(ctl["--buffer-size"]), int(ctl["--batch-size"])) == (128, 128, 128)
     assert compare.arm_flags("replay_pbr", 256, 2, 8, 0.3)[-2:] == ["--keep-correct-frac", "0.3"]
+    y3 = parse(compare.arm_flags("replay_y3", 240, 2, 8, 0.3))     # each rollout used 3 times: R = B/3
+    assert (int(y3["--prompts-per-round"]) * 8, int(y3["--buffer-size"]), int(y3["--batch-size"])) == (80, 240, 240)
     cn = compare.arm_flags("control_nonzero", 256, 2, 8, 0.3)
     # filtered on-policy: R = B/y per round, each kept rollout used once, N leaves room for a round's leftovers
     assert parse(cn) == {"--prompts-per-round": "16", "--buffer-size": "384", "--batch-size": "256"}
