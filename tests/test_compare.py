@@ -181,3 +181,15 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
     assert compare.read_run(str(tmp_path), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
     with pytest.raises(compare.CompareError, match="raise --budget-tokens or lower --evals"):
         compare.read_run(str(tmp_path), [0, 30_000, 60_000, 90_000])
+
+
+def test_target_frac_puts_the_target_on_the_rise_by_hand():
+    grid = [0, 1, 2, 3, 4, 5]
+    on = [run_of([0.4, 0.6, 0.8, 0.9, 0.9, 0.9], [100 * k for k in grid], [100 * k for k in grid])]
+    rep = [run_of([0.4, 0.8, 0.9, 0.9, 0.9, 0.9], [50 * k for k in grid], [100 * k for k in grid])]
+    assert compare.target_accuracy(on, 0.5) == pytest.approx(0.65)            # 0.4 + 0.5 * (0.9 - 0.4)
+    # frac 0.5: on-policy holds 0.65 from index 2 (smoothed 0.8), replay from index 1 (smoothed 0.8)
+    assert compare.compare_arm(rep, on, [8.0], frac=0.5)["token_ratio"] == pytest.approx(500 / 2000)
+    # frac 1: the target is 0.9, held from index 3 and 2
+    assert compare.compare_arm(rep, on, [8.0])["token_ratio"] == pytest.approx(1000 / 3000)
+    assert compare.compare_arm(rep, on, [8.0], frac=0.5)["accuracy_diff"] == pytest.approx(0.0)
