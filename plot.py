@@ -359,7 +359,9 @@ def plot_arms(summary: dict, path: str):
     labels = ("generated completion tokens", "measured seconds (generation + training)",
               f"cost, in trained rollouts: {mu:g} x generated + trained")
     for ax, title, label in zip(axes, titles, labels):
-        ax.axhline(target, label=f"target {target:.3f} (on-policy final accuracy)", **REFERENCE)
+        frac = summary.get("target_frac", 1.0)
+        rule = "on-policy final accuracy" if frac == 1.0 else f"on-policy start + {frac:g} of its gain"
+        ax.axhline(target, label=f"target {target:.3f} ({rule})", **REFERENCE)
         _accuracy_axes(ax, label, title, counts=ax is not axes[1])
     _figure_legend(fig, axes[0], title="mean over seeds; band: min-max")
     fig.savefig(path, dpi=110)
