@@ -214,11 +214,11 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
             system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
     elif cfg.system_prompt:
         distributed.exit_all("error: --system-prompt needs a tokenizer with a chat template")
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    base = sum(p.numel() for p in model.parameters()) - lora
     report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
-        f"{', 4-bit' if cfg.load_in_4bit else ''}): "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-        f"{trainable / 1e6:.3f}M trainable (LoRA r={cfg.lora_r})")
+        f"{', 4-bit' if cfg.load_in_4bit else ''}): {base / 1e6:.2f}M parameters, "
+        f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
     return model, tokenizer, task
 
 

@@ -1,4 +1,4 @@
-"""The embedded demo model (``--model tiny``): a character tokenizer and a ~0.5M-parameter Llama
+"""The embedded demo model (``--model tiny``): a character tokenizer and a 0.53M-parameter Llama
 built in code, given a supervised warm start on the embedded addition task so that RL has
 something real to fix. The algorithm modules know nothing of this file: train.py passes the
 model's folder as the model path.
