@@ -24,7 +24,7 @@ import tasks
 
 # The knobs in the order that frees the most, measured on an H200 (a 0.5B model, 64 rollouts a
 # round, B = 128): bf16, 256 new tokens, micro-batch 8: 14.7 GB; micro-batch 2 and checkpointing,
-# even at 512 new tokens: 4.3 GB; 4-bit besides: 2.9 GB. Generation's peak grows with the rollouts
+# even at 512 new tokens: 4.3 GB; 4-bit (at 256): 2.9 GB. Generation's peak grows with the rollouts
 # of a round and max_new_tokens. The checkpoint fixes the 4-bit choice, the round and the model.
 OOM_HELP = ("out of GPU memory. Turn these on or down, in the order that frees the most, and "
             "rerun: --gradient-checkpointing, --micro-batch-size 2, --load-in-4bit, fewer "
@@ -75,6 +75,8 @@ def parse(config_class, argv=None, description: str = ""):
     if cfg.resume:
         saved = resume_point(cfg.resume, parser)
         config = saved.config
+        if problem := stale_demo(config):
+            parser.error(f"--resume {saved.path}: {problem}")
         saved_world = saved.state["world_size"]
         if saved_world != distributed.world_size():
             parser.error(f"--resume {saved.path}: saved by {saved_world} process(es), resumed with "
@@ -94,6 +96,15 @@ def parse(config_class, argv=None, description: str = ""):
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
     return cfg, saved
+
+
+def stale_demo(config: dict) -> str | None:
+    """Why a saved run of the demo model cannot go on, or None: before 2026-11-30 the demo model had
+    a one-phase warm start, which is no longer built (its runs saved no warm_start_seed)."""
+    if config.get("model") == "tiny" and "warm_start_seed" not in config:
+        return ("trained on the demo model's earlier one-phase warm start, which this code no "
+                "longer builds: its adapter would sit on another base model; start a new run")
+    return None
 
 
 def resume_point(path: str, parser) -> checkpoint.Checkpoint:
@@ -117,12 +128,12 @@ def config_problem(cfg) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size",
                  "updates_per_round", "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr",
-                 "temperature", "keep_checkpoints", "warm_start_steps", "max_grad_norm",
+                 "temperature", "keep_checkpoints", "max_grad_norm",
                  "lora_alpha", "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("warm_start_seed", "max_new_tokens", "max_gen_tokens", "max_age",
-                 "micro_batch_size", "save_every", "eval_every_tokens"):
+    for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_gen_tokens",
+                 "max_age", "micro_batch_size", "save_every", "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -165,15 +176,16 @@ def config_problem(cfg) -> str | None:
     return None
 
 
-def load_task(cfg) -> tasks.Task:
-    """The task (prompts, reference answers, reward), or a one-line exit."""
+def load_task(cfg, training: bool = True) -> tasks.Task:
+    """The task (prompts, reference answers, reward), or a one-line exit. training: also check
+    that a round's prompts fit in its training set."""
     try:
         task = tasks.load_task(cfg.task, reward_mode=cfg.reward_mode)
         if cfg.reward:
             task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
     except (ValueError, OSError) as e:
         distributed.exit_all(f"error: {e}")
-    if cfg.prompts_per_round > len(task.train_prompts):
+    if training and cfg.prompts_per_round > len(task.train_prompts):
         distributed.exit_all(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the "
                              f"task has only {len(task.train_prompts)} training prompts", 2)
     if cfg.model == "tiny" and task.target is None:
@@ -181,6 +193,12 @@ def load_task(cfg) -> tasks.Task:
                              f"{cfg.task} pass a real model, e.g. --model "
                              "Qwen/Qwen2.5-0.5B-Instruct")
     return task
+
+
+def eval_rewards(task: tasks.Task, reward) -> dict:
+    """The rewards an eval reports, by name: eval_accuracy, the training reward (checked), then the
+    task's own (GSM8K: eval_strict, eval_lenient)."""
+    return {"eval_accuracy": reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
 
 
 def load_model(cfg, task: tasks.Task, device: str, rank: int):

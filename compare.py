@@ -16,12 +16,17 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
 
 Reading the runs. Every run evaluates when its generated tokens cross the same thresholds, so the
-runs of an arm line up; an arm's curve is the mean over its seeds. Smoothed accuracy at an eval =
-the median of it and its two neighbours. An arm *reaches* the target at the first eval from which
-its smoothed accuracy stays at or above the target until the end of the run; the target is the
-on-policy arm's final accuracy, the median of its last three evals (so it always reaches its own
-target). One lucky eval, or a lucky last one, never counts. Intervals: 90% bootstrap over seeds
-(each arm's seeds resampled with replacement, target recomputed, --bootstrap times).
+runs of an arm line up (a round that would leave one eval standing for two thresholds is refused);
+an arm's curve is the mean over its replicates. Replicate i starts from warm-start seed i of the
+demo model with RL seed i (--one-model: all from the shipped model, only the RL seed varies).
+Smoothed accuracy at an eval = the median of it and its two neighbours. An arm *reaches* the target
+at the first eval from which its smoothed accuracy stays at or above the target until the end of
+the run; the target is the on-policy arm's final accuracy, the median of its last three evals (so
+it always reaches its own target), or with --target-frac f < 1 its start plus f of its gain (a
+point on the rise of a curve that saturates). One lucky eval, or a lucky last one, never counts.
+Intervals: 90% bootstrap over replicates, each arm's replicate drawn with on-policy's replicate of
+the same model (pairs), the target recomputed, --bootstrap times. --sweep-lr picks each arm's lr on
+--sweep-seeds replicates of their own (seeds 1000, ...), not on the reported ones.
 
 Cost model. Let mu = (generation seconds per rollout) / (training seconds per rollout). In units
 of one training rollout, a run costs mu * (rollouts generated) + (rollouts trained). Replay saves
@@ -154,7 +159,8 @@ def target_accuracy(on: list[dict], frac: float = 1.0) -> float:
     (frac 1: the final accuracy itself; below 1, a point on the rise of a curve that saturates,
     where "tokens to the plateau" would be decided by the plateau's noise)."""
     accs = mean_curve(on)["accuracy"]
-    return accs[0] + frac * (final_accuracy(accs) - accs[0])
+    final = final_accuracy(accs)
+    return min(accs[0] + frac * (final - accs[0]), final)     # a falling curve: its final accuracy
 
 
 def compare_arm(arm: list[dict], on: list[dict], mus: list[float], frac: float = 1.0) -> dict:
@@ -217,11 +223,12 @@ def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
 
 
 # ---- running the arms ----------------------------------------------------------------------
-def build_tiny_model(warm_start_seed: int) -> None:
-    """The embedded model of one warm-start seed, built (and cached) in a process of its own, one thread."""
+def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0) -> None:
+    """The embedded model of one warm start (demo.py), built and cached in a process of its own, one thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    code = f"import demo, tasks; demo.tiny_model(tasks.addition_task(2), seed={warm_start_seed}, log=lambda *a: None)"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
+                    "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def run_train(argv: list[str], out: str) -> None:
@@ -290,6 +297,8 @@ def main(argv=None) -> dict:
         if args.batch_size % (y * args.num_generations):
             p.error(f"--batch-size {args.batch_size} must be a multiple of replay ratio x num_generations "
                     f"= {y * args.num_generations}")
+    if not 0 < args.target_frac <= 1:
+        p.error(f"--target-frac {args.target_frac}: must be in (0, 1]")
     if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
         p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
     try:
@@ -324,7 +333,10 @@ def compare(args) -> dict:
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     with ThreadPoolExecutor(args.jobs) as pool:
         if args.model == "tiny":        # each starting model built once, before the runs that share it
-            list(pool.map(build_tiny_model, sorted({warm_start_seed(s) for s in [*range(args.seeds), *sweep_seeds]})))
+            extra = args.train_args.split()
+            steps = int(extra[extra.index("--warm-start-steps") + 1]) if "--warm-start-steps" in extra else 0
+            seeds = sorted({warm_start_seed(s) for s in [*range(args.seeds), *sweep_seeds]})
+            list(pool.map(lambda s: build_tiny_model(args.task, s, steps), seeds))
         if args.sweep_lr:
             # replicates 1000, 1001, ...: the sweep selects on runs that are not reported (no selection bias)
             jobs = {(arm, lr, s): pool.submit(run, arm, s, lr, f"-lr{lr:g}")
@@ -358,13 +370,16 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                            for r in op)
     mus = [round(m, 3) for m in (args.mu if args.mu else [mu, *GPU_MU])]
     target = target_accuracy(op, args.target_frac)
+    if args.model == "tiny" and not args.one_model:
+        replicates = "warm-start seed i and RL seed i: the model varies"
+    else:
+        replicates = f"one model ({'tiny, warm-start seed 0' if args.model == 'tiny' else args.model}), RL seed i"
     summary = {"target_accuracy": target, "target_frac": args.target_frac, "mu": mu, "projected_at_mu": mus, "budget_tokens": args.budget_tokens,
                "grid_tokens": grid, "lr": lrs, "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
                                    "one torch thread each",
                "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target",
-               "replicates": ("one model (warm-start seed 0), RL seed i" if args.one_model or args.model != "tiny"
-                              else "warm-start seed i and RL seed i: the model varies"),
+               "replicates": replicates,
                "intervals": f"90% bootstrap over replicates, arm and on-policy drawn in pairs ({args.bootstrap} "
                             "resamples)", "arms": {}}
     base = to_target(op, target)

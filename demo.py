@@ -8,8 +8,9 @@ The warm start has two phases:
   2. imitate a *sloppy teacher* who forgets each carry with probability ``drop_carry`` (0.7):
      ``37+45=`` -> ``82`` 30% of the time, ``72`` 70% of the time (``sloppy_steps``).
 The result knows how to carry but usually does not: greedy decoding picks the likelier, wrong
-answer whenever a sum has a carry (~0.35 held-out accuracy), while sampling finds the right one
-often enough (~0.35 of samples) for RL with the exact-answer reward to make carrying the habit.
+answer whenever a sum has a carry (the shipped model: 0.408 on the 500 held-out prompts), while
+sampling finds the right one often enough for RL with the exact-answer reward to make carrying
+the habit.
 Why two phases: a warm start stopped half-way through learning addition (the earlier design)
 sits on the steep part of the learning curve, where float rounding (another machine, another
 thread count) moves it far; RL from some of those models stalled. Both phases here end where
@@ -75,7 +76,7 @@ def cache_path(task: Task, key: str) -> str:
 
 def tiny_model(task: Task, warm_start_steps: int | None = None, log=print, seed: int = 0) -> str:
     """Folder of the warm-started tiny model for ``task``: from the cache, else from the shipped
-    weights when they are this model (the default), else built by ``warm_start`` (a minute or two)."""
+    weights when they are this model (the default), else built by ``warm_start`` (2,300 steps)."""
     key = spec(task, warm_start_steps, seed)
     path = cache_path(task, key)
     if os.path.exists(os.path.join(path, "model.safetensors")):
@@ -206,15 +207,21 @@ def rebuild_shipped(log=print) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="The embedded demo model. " + __doc__.split("\n")[0])
+    import tasks
+    parser = argparse.ArgumentParser(description="The embedded demo model: build (and cache) one, or "
+                                                 "rebuild the shipped demo.safetensors.")
     parser.add_argument("--rebuild", action="store_true",
                         help="warm-start the default model afresh and overwrite demo.safetensors")
+    parser.add_argument("--task", default="addition", choices=("addition", "addition3"))
+    parser.add_argument("--warm-start-seed", type=int, default=0)
+    parser.add_argument("--warm-start-steps", type=int, default=0, help="0: the default")
     args = parser.parse_args()
-    import tasks
+    start = time.time()
     if args.rebuild:
-        start = time.time()
         acc = rebuild_shipped()
         print(f"wrote {SHIPPED} in {time.time() - start:.0f} s: held-out greedy accuracy {acc:.3f}")
     else:
-        task = tasks.addition_task(2)
-        print(f"{tiny_model(task)}: held-out greedy accuracy {held_out_accuracy(tiny_model(task), task):.3f}")
+        task = tasks.load_task(args.task)
+        path = tiny_model(task, args.warm_start_steps or None, seed=args.warm_start_seed)
+        print(f"{path} ({time.time() - start:.0f} s): held-out greedy accuracy "
+              f"{held_out_accuracy(path, task):.3f} on {min(500, len(task.eval_prompts))} prompts")

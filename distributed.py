@@ -91,11 +91,6 @@ def every_rank(flag: bool) -> bool:
     return _all_reduce([flag], "min")[0] > 0
 
 
-def any_rank(flag: bool) -> bool:
-    """Whether flag holds on some rank (each rank must call it: a collective)."""
-    return _all_reduce([flag], "max")[0] > 0
-
-
 def _all_reduce(values: list[float], op: str) -> list[float]:
     """values summed ("sum"), or their "min" / "max", over the ranks; as floats in one process."""
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)

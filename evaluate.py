@@ -53,8 +53,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="the first N held-out prompts (default 0: all of them)")
     p.add_argument("--num-generations", type=int, default=0, metavar="N",
                    help="samples per prompt for pass@1 and pass@N (default 0: greedy only)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T",
-                   help="of the samples (default 1.0)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="of the samples (default: the run's sampling temperature, else 1.0)")
     p.add_argument("--output", default="", metavar="FILE", help="the JSON file to write "
                    "(default: eval.json in the folder that holds the adapter)")
     p.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
@@ -62,10 +62,15 @@ def parse(argv=None) -> argparse.Namespace:
     for name in ("eval_prompts", "num_generations"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
-    if args.temperature <= 0:
+    if args.temperature is not None and args.temperature <= 0:
         p.error(f"--temperature {args.temperature}: must be > 0")
+    if args.num_generations == 1:
+        p.error("--num-generations 1: pass@n needs 2 or more samples a prompt (0: greedy only)")
     args.adapter, saved = locate(args.path, args.checkpoint, p)
     args.cfg = config(saved, args, p)
+    args.in_run = saved is not None
+    if args.temperature is None:
+        args.temperature = args.cfg.temperature
     return args
 
 
@@ -115,6 +120,8 @@ def config(saved: dict | None, args, parser) -> train.Config:
     if saved is None and not (args.model and args.task):
         parser.error(f"{args.adapter}: an adapter outside a run folder; name its base model and "
                      "task: --model M --task T")
+    if saved is not None and not args.model and (problem := cli.stale_demo(saved)):
+        parser.error(f"{args.adapter}: {problem}")
     fields = {f.name for f in dataclasses.fields(train.Config)}
     cfg = train.Config(**{k: v for k, v in (saved or {}).items() if k in fields})
     with open(os.path.join(args.adapter, "adapter_config.json")) as f:
@@ -142,7 +149,8 @@ def pass_rates(rewards: list[list[float]]) -> dict[str, float]:
             "sampled_reward": sum(map(sum, rewards)) / (n * len(rewards))}
 
 
-def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, temperature):
+def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, temperature,
+                    top_p=1.0):
     """[prompts][n] rewards of n samples per prompt (rollout.generate_rollouts), in batches."""
     from tqdm import tqdm
 
@@ -151,7 +159,7 @@ def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, tem
         chunk = prompts[start:start + per_batch]
         rollouts, _ = rollout.generate_rollouts(model, tokenizer, chunk, reward, num_generations=n,
                                                 max_new_tokens=max_new_tokens,
-                                                temperature=temperature)
+                                                temperature=temperature, top_p=top_p)
         rewards += [[r.reward for r in rollouts[i * n:(i + 1) * n]] for i in range(len(chunk))]
     return rewards
 
@@ -163,7 +171,7 @@ def main(argv=None) -> dict:
     args = parse(argv)
     cfg = args.cfg
     report.quiet_libraries()
-    task = cli.load_task(cfg)
+    task = cli.load_task(cfg, training=False)
     device = distributed.pick_device(cfg.device)
     model, tokenizer, task = cli.load_model(cfg, task, device, rank=0)
     try:
@@ -178,7 +186,7 @@ def main(argv=None) -> dict:
           f"up to {limit} new tokens")
     reward = cli.CheckedReward(task.reward, cfg.on_reward_error)
     # train.py's eval: the training reward, then the task's named ones, in batches of the same size
-    fns = {"eval_accuracy": reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
+    fns = cli.eval_rewards(task, reward)
     with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:
         scores = rollout.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
                                         progress=bar)
@@ -188,7 +196,7 @@ def main(argv=None) -> dict:
     if n:
         scores.update(pass_rates(sampled_rewards(model, tokenizer, prompts, reward, n=n,
                                                  max_new_tokens=limit,
-                                                 temperature=args.temperature)))
+                                                 temperature=args.temperature, top_p=cfg.top_p)))
         notes.update({"pass@1": f"{n} samples a prompt at temperature {args.temperature}: the "
                                 "mean fraction with a reward > 0",
                       f"pass@{n}": f"the fraction of prompts with a reward > 0 in at least one of "
@@ -200,7 +208,9 @@ def main(argv=None) -> dict:
               "eval_prompts": len(prompts), "max_new_tokens": limit,
               **({"num_generations": n, "temperature": args.temperature} if n else {}),
               "reward_errors": reward.errors, **scores}
-    next_to_adapter = os.path.join(os.path.dirname(os.path.abspath(args.adapter)), "eval.json")
+    # the run's or the checkpoint's folder; an adapter outside a run: its own folder
+    holder = os.path.dirname(os.path.abspath(args.adapter)) if args.in_run else args.adapter
+    next_to_adapter = os.path.join(holder, "eval.json")
     output = args.output or next_to_adapter
     with open(output, "w") as f:
         json.dump(result, f, indent=2)

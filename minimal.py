@@ -1,16 +1,15 @@
 """RL post-training with experience replay, the whole method on one screen.
 
-    python minimal.py        # the embedded demo model learns to carry in 2-digit sums, a few minutes on CPU
+    python minimal.py       # the demo model learns to carry in 2-digit sums, a minute or so on CPU
 
 Each round: sample G completions for each of P prompts with the current policy, storing for every
 token its behaviour log-prob log mu(y_t) and for every completion its group-normalized advantage
 A = (r - mean(r)) / std(r). Add the R = P x G new rollouts to a FIFO buffer of N; take one
-optimizer step on B rollouts drawn from it uniformly. With R = 128 and B = N = 256, each rollout is
-used twice (replay ratio y = B/R = 2), once fresh and once a step stale. The staleness is corrected
-by truncated importance weights:
-    rho_t = pi_theta(y_t) / mu(y_t),   w_t = min(rho_t, C),   loss = - sum_t w_t * A * log pi_theta(y_t)
-(w_t without gradient; normalized by the number of completion tokens in the batch).
-train.py runs this same loop with every option, checkpoints and several GPUs; tests/test_minimal.py
+optimizer step on B rollouts drawn from it uniformly. With R = 128 and B = N = 256 each rollout
+is used twice (replay ratio y = B/R = 2), once fresh and once a step stale. The staleness is
+corrected by truncated importance weights (w_t without gradient; token mean over the batch):
+    rho_t = pi_theta(y_t) / mu(y_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(y_t)
+train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
 checks that the update here gives train.py's loss and gradient.
 """
 import random
@@ -23,49 +22,52 @@ from buffer import ReplayBuffer, collate
 from replay_rl import completion_logp, load_policy, policy_loss
 from rollout import generate_rollouts, greedy_accuracy
 
-PROMPTS, G = 16, 8          # prompts per round x completions per prompt: R = 128 new rollouts a round
-N, B = 256, 256             # replay buffer size, rollouts per optimizer step: each rollout used B/R = 2 times
-LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the cap of the importance weights
+PROMPTS, G = 16, 8          # prompts per round x completions per prompt: R = 128 new rollouts
+N, B = 256, 256             # buffer size, rollouts per optimizer step: each used B/R = 2 times
+LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
 ROUNDS, EVAL_EVERY = 100, 25
 
 
 def update(model, optimizer, batch, pad_id: int, max_grad_norm: float = 1.0) -> dict:
-    """One truncated-IS policy-gradient step on a batch of rollouts; returns the loss and metrics."""
-    cols = collate(batch, pad_id)                       # padded tensors: tokens, masks, logp, advantages
-    logp, _ = completion_logp(model, cols)              # log pi_theta(y_t), [B, C], with gradient
-    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], cols["completion_mask"],
-                                is_cap=IS_CAP)
+    """One truncated-IS policy-gradient step on a batch of rollouts; the loss and metrics."""
+    cols = collate(batch, pad_id)                   # padded: tokens, masks, logp, advantages
+    logp, _ = completion_logp(model, cols)          # log pi_theta(y_t), [B, C], with gradient
+    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
+                                cols["completion_mask"], is_cap=IS_CAP)
     optimizer.zero_grad()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                   max_grad_norm)
     optimizer.step()
     return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()}}
 
 
 def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int = 500, seed: int = 0,
          log=print) -> list[float]:
-    """Train the demo model; returns the held-out greedy accuracy at round 0 and every eval_every."""
+    """Train the demo model; returns the held-out greedy accuracy at round 0, every eval_every
+    rounds and at the end."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     task = tasks.addition_task(2)
-    model, tokenizer = load_policy(demo.tiny_model(task), lora_r=16)     # the base model + a fresh LoRA
+    model, tokenizer = load_policy(demo.tiny_model(task), lora_r=16)   # the base model + a new LoRA
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(N, seed=seed)
     step, accuracy = 0, []
     for round in range(rounds + 1):
-        if round % eval_every == 0:
+        if round % eval_every == 0 or round == rounds:
             model.eval()
-            accuracy.append(greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts], task.reward,
-                                            max_new_tokens=task.max_new_tokens))
+            accuracy.append(greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts],
+                                            task.reward, max_new_tokens=task.max_new_tokens))
             log(f"round {round}: held-out accuracy {accuracy[-1]:.3f}")
         if round == rounds:
             return accuracy
         model.eval()        # generate: the behaviour log-probs are recorded while sampling
         prompts = rng.sample(task.train_prompts, PROMPTS)
-        rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward, num_generations=G,
-                                            max_new_tokens=task.max_new_tokens, policy_version=step)
-        buffer.add(rollouts)                            # FIFO: the oldest rollouts leave first
+        rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward,
+                                            num_generations=G, max_new_tokens=task.max_new_tokens,
+                                            policy_version=step)
+        buffer.add(rollouts)                        # FIFO: the oldest rollouts leave first
         if len(buffer) >= B:
             model.train()
             metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id)

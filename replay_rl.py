@@ -263,7 +263,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
         flat = _over_processes(torch.cat([g.flatten().float() for g in grads] + [sums.float()]))
         for p, g in zip(params, flat[:-len(names)].split([g.numel() for g in grads])):
             p.grad = g.view_as(p).to(p.dtype, copy=True)
-        sums = flat[-len(names):].double()          # the metric sums travelled with the gradient
+        # the metric sums travelled with the gradient, in its float32 (the gradient is exact as before)
+        sums = flat[-len(names):].double()
     maxima = _over_processes(torch.stack([ratio_max.double(), torch.tensor(float(max(ages)), device=device,
                                                                            dtype=torch.float64)]), "max")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

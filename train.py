@@ -39,8 +39,8 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model")
-    warm_start_steps: int = opt(2000, "tiny model only: warm-start steps on correct sums (then the "
-                                      "sloppy teacher)")
+    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct sums, then the "
+                                   "sloppy teacher's; 0 = the demo's own (2000: demo.safetensors)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
                                   "in demo.safetensors)")
     task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), "
@@ -289,8 +289,7 @@ def evaluate(run: Run) -> float:
     mine = distributed.share(prompts)
     run.model.eval()
     errors_before = run.reward.errors
-    # eval_accuracy: the training reward; plus the task's own (GSM8K: eval_strict, eval_lenient)
-    fns = {"eval_accuracy": run.reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
+    fns = cli.eval_rewards(task, run.reward)    # eval_accuracy, and GSM8K's eval_strict, eval_lenient
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
              if mine else dict.fromkeys(fns, 0.0))
@@ -373,7 +372,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
     distributed.broadcast_tensors([p.data for p in params])
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    buffer = ReplayBuffer(cfg.buffer_size // world, max_age=cfg.max_age or None,
+    buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
                           skip_zero_advantage=cfg.skip_zero_advantage)
     state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cfg.eval_every_tokens,

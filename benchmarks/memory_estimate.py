@@ -59,7 +59,7 @@ I intermediate, kv = kv heads * head dim, V vocabulary:
                softmax for the entropy). Checked on CPU with a live-tensor count.
 
 Constants: LOGIT_COPIES = 5, the 16 LoRA bytes, the 6 [R, V] tensors and the workspace are read off the code;
-nothing is fitted. Against the five rows measured on an H200 (MEASURED below) the estimate is within 3%.
+nothing is fitted. Against the five rows measured on an H200 (MEASURED below) the estimate is within 2%.
 (An earlier version fitted a factor of 1.20 on the saved activations to a measurement of 16.1 GB for the first
 row, taken with older code; measured again on 2026-11-30 it is 14.73 GB, which the plain count gives.)
 Not modelled: the allocator's reserve beyond the allocated peak (train.py logs gen_reserved_gb /

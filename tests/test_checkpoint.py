@@ -63,7 +63,7 @@ def test_a_checkpoint_written_before_the_typed_loop_state_resumes_exactly(tmp_pa
     now, old = json.load(open(path)), json.load(open(OLD_STATE))
     # The old layout with this run's values where they name this run's files and settings: its
     # folder and metrics.jsonl (timings print with other digits), the demo model's defaults.
-    old["config"] = {k: now["config"][k] for k in old["config"]}
+    old["config"] = {k: now["config"][k] for k in old["config"]} | {"warm_start_seed": 0}   # (*)
     old["state"]["metrics_bytes"] = now["state"]["metrics_bytes"]
     with open(path, "w") as f:
         json.dump(old, f)
@@ -74,6 +74,24 @@ def test_a_checkpoint_written_before_the_typed_loop_state_resumes_exactly(tmp_pa
     assert [r["step"] for r in b] == list(range(1, 9))
     later = [{**r, "gen_tokens": r["gen_tokens"] - shift} for r in b if r["round"] > 2]
     assert len(later) == 4 and later == [r for r in a if r["round"] > 2]
+
+
+def test_a_checkpoint_of_the_earlier_demo_model_is_refused_in_one_line(tmp_path, tiny_path, capsys):
+    """(*) A demo run saved before the two-phase warm start (no warm_start_seed in its config) was
+    trained on a base model this code no longer builds: --resume and evaluate.py refuse it."""
+    import evaluate
+    run = str(tmp_path / "run")
+    train.main(SMALL + ["--output-dir", run, "--max-rounds", "1"])
+    for name in ("checkpoint-1/state.json", "config.json"):
+        saved = json.load(open(os.path.join(run, name)))
+        config = saved["config"] if "config" in saved else saved
+        del config["warm_start_seed"]
+        config["warm_start_steps"] = 650
+        json.dump(saved, open(os.path.join(run, name), "w"))
+    for call in (lambda: train.main(["--resume", run]), lambda: evaluate.main([run])):
+        with pytest.raises(SystemExit) as e:
+            call()
+        assert e.value.code == 2 and "earlier one-phase warm start" in capsys.readouterr().err
 
 
 def test_a_resume_reads_each_checkpoint_file_once(tmp_path, tiny_path, monkeypatch):
@@ -105,7 +123,8 @@ def test_resume_with_more_processes_than_saved_is_one_line_from_rank_0(tmp_path,
             train.parse_config(["--resume", run])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == lines       # every rank exits, rank 0 says why
-    assert "saved by 1 process(es), resumed with 2" in err[0] if lines else True
+        if lines:
+            assert "saved by 1 process(es), resumed with 2" in err[0]
 
 
 def test_errors_every_rank_reaches_are_printed_by_rank_0_alone(capsys, monkeypatch):

@@ -146,7 +146,7 @@ def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
 
 def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(compare, "build_tiny_model", lambda seed: calls.append(("build", seed)))
+    monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed)))
     monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", argv)))
     accs = [0.1, 0.2, 0.3, 0.4, 0.5]
     monkeypatch.setattr(compare, "read_run", lambda out, grid: {
@@ -193,3 +193,7 @@ def test_target_frac_puts_the_target_on_the_rise_by_hand():
     # frac 1: the target is 0.9, held from index 3 and 2
     assert compare.compare_arm(rep, on, [8.0])["token_ratio"] == pytest.approx(1000 / 3000)
     assert compare.compare_arm(rep, on, [8.0], frac=0.5)["accuracy_diff"] == pytest.approx(0.0)
+    # a falling on-policy curve (0.5 -> 0.3): the target is its final accuracy, which it reaches
+    falling = [run_of([0.5, 0.6, 0.4, 0.3, 0.3, 0.3], [100 * k for k in grid], [100 * k for k in grid])]
+    assert compare.target_accuracy(falling, 0.9) == pytest.approx(0.3)
+    assert compare.compare_arm(rep, falling, [8.0], frac=0.9)["token_ratio"] == pytest.approx(500 / 1000)

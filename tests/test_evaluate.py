@@ -38,6 +38,9 @@ def test_the_adapter_scores_what_the_final_eval_of_its_run_scored(trained, tmp_p
     assert evaluate.main([bare, "--model", "tiny", "--task", "addition", "--eval-prompts", "100",
                           "--output", str(tmp_path / "bare.json")])["eval_accuracy"] == final
     assert json.load(open(tmp_path / "bare.json"))["eval_accuracy"] == final
+    evaluate.main([bare, "--model", "tiny", "--task", "addition", "--eval-prompts", "20"])
+    assert os.path.isfile(os.path.join(bare, "eval.json"))             # outside a run: in its own folder
+    assert not os.path.exists(tmp_path / "eval.json")
     stopped = str(tmp_path / "stopped")                     # a run interrupted before its final adapter
     shutil.copytree(run, stopped)
     shutil.rmtree(os.path.join(stopped, "adapter"))
@@ -59,7 +62,7 @@ def test_pass_at_k_by_hand():
 def test_pass_at_k_of_sampled_completions(trained, capsys):
     run, _ = trained
     result = evaluate.main([run, "--eval-prompts", "50", "--num-generations", "4"])
-    assert result["num_generations"] == 4 and result["temperature"] == 1.0
+    assert result["num_generations"] == 4 and result["temperature"] == 1.0     # the run's (default) one
     # 0/1 rewards: pass@1 is the mean sampled reward; one of 4 samples right is likelier than one
     assert result["pass@1"] == pytest.approx(result["sampled_reward"])
     assert 0 < result["pass@1"] < result["pass@4"] <= 1
@@ -73,6 +76,7 @@ def test_pass_at_k_of_sampled_completions(trained, capsys):
     (["{bare}"], "--model M --task T"),
     (["{run}", "--checkpoint", "99"], "no checkpoint there; {run} has rounds [4]"),
     (["{run}", "--num-generations", "-2"], "--num-generations -2: must be >= 0"),
+    (["{run}", "--num-generations", "1"], "pass@n needs 2 or more"),
     (["{run}", "--task", "sudoku"], "--task sudoku: unknown"),
 ])
 def test_what_is_not_an_adapter_is_one_line_before_any_model(trained, tmp_path, tiny_path, capsys, monkeypatch,
@@ -86,3 +90,16 @@ def test_what_is_not_an_adapter_is_one_line_before_any_model(trained, tmp_path, 
         evaluate.main([a.format(**names) for a in args])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and message.format(**names) in err[0], err
+
+
+def test_samples_follow_the_runs_temperature_unless_given(trained, tmp_path):
+    run, _ = trained
+    hot = str(tmp_path / "hot")
+    shutil.copytree(run, hot)
+    with open(os.path.join(hot, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(hot, "config.json"), "w") as f:
+        json.dump({**config, "temperature": 0.7, "top_p": 0.9}, f)
+    args = evaluate.parse([hot, "--num-generations", "4"])
+    assert (args.temperature, args.cfg.top_p) == (0.7, 0.9)
+    assert evaluate.parse([hot, "--num-generations", "4", "--temperature", "1.5"]).temperature == 1.5

@@ -26,11 +26,13 @@ def policy_and_rollouts(addition, dtype="float16"):
     return model, tok, rollouts
 
 
-def gradient(model, tok, rollouts, loss_scale):
-    """The gradient update_step leaves in p.grad (SGD at lr 0: the weights stay; no clipping)."""
+def gradient(model, tok, rollouts, loss_scale, max_grad_norm=1e9, metrics=None):
+    """The gradient update_step leaves in p.grad (SGD at lr 0: the weights stay), clipped at
+    max_grad_norm (by default never); its metrics go into ``metrics``."""
     params = [p for p in model.parameters() if p.requires_grad]
-    replay_rl.update_step(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
-                          policy_version=0, max_grad_norm=1e9, loss_scale=loss_scale)
+    m = replay_rl.update_step(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
+                              policy_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
+    (metrics if metrics is not None else {}).update(m)
     return torch.cat([p.grad.flatten() for p in params])
 
 
@@ -54,8 +56,10 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
 
 
 def test_the_scaled_gradient_unscaled_is_the_gradient_of_the_loss(tiny_path, addition):
-    """By hand, in float32: grad(S * L) / S from update_step equals autograd's grad(L) of the loss
-    that completion_logp and policy_loss give for the batch."""
+    """In float32 (where S = 2^10 is exact, so this shows where the division happens, not that it
+    helps; the next test does that): grad(S * L) / S from update_step equals autograd's grad(L) of
+    the loss that completion_logp and policy_loss give, and it is unscaled before clipping (the
+    clipped gradient and the logged grad_norm are those of L, not of S * L)."""
     model, tok, rollouts = policy_and_rollouts(addition, "float32")
     batch = collate(rollouts, tok.pad_token_id, 0)
     logp, _ = replay_rl.completion_logp(model, batch)
@@ -65,6 +69,14 @@ def test_the_scaled_gradient_unscaled_is_the_gradient_of_the_loss(tiny_path, add
     assert by_hand.abs().sum() > 0
     for scale in (1.0, replay_rl.FP16_LOSS_SCALE):
         torch.testing.assert_close(gradient(model, tok, rollouts, scale), by_hand, rtol=1e-5, atol=1e-8)
+    clip = 0.1 * float(by_hand.norm())                     # clipping active: the gradient cut to 1/10
+    plain, scaled = {}, {}
+    g1 = gradient(model, tok, rollouts, 1.0, clip, plain)
+    gs = gradient(model, tok, rollouts, replay_rl.FP16_LOSS_SCALE, clip, scaled)
+    torch.testing.assert_close(g1, by_hand * 0.1, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(gs, g1, rtol=1e-5, atol=1e-9)
+    assert scaled["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    assert plain["grad_norm"] == pytest.approx(float(by_hand.norm()), rel=1e-4)
 
 
 def test_the_loss_scale_keeps_small_float16_gradients_from_underflowing(tiny_path, addition):
