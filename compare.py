@@ -283,11 +283,11 @@ def main(argv=None) -> dict:
     p.add_argument("--model", default="tiny", help="passed to train.py")
     p.add_argument("--task", default="addition", help="passed to train.py")
     p.add_argument("--quick", action="store_true",
-                   help="a small budget, 2 seeds of one model, 200 eval prompts: checks the pipeline")
+                   help="5k tokens, 2 seeds of one model, 100 eval prompts: checks the pipeline")
     p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string")
     args = p.parse_args(argv)
     if args.quick:      # one model: no warm starts to build
-        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 12_000, 2, 200, 4, 200
+        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 5_000, 2, 100, 4, 200
         args.one_model = True
     if "on_policy" not in args.arms:
         p.error("--arms must include on_policy (it sets the target)")

@@ -100,7 +100,7 @@ def test_quick_comparison_writes_the_summary_and_the_plot(tmp_path, tiny_path):
             assert arm[key] is None or arm[key] > 0
         for seed in range(2):
             rows = [json.loads(l) for l in open(tmp_path / name / f"seed{seed}" / "metrics.jsonl")]
-            assert rows[-1]["gen_tokens"] >= on_disk["budget_tokens"] == 12_000     # the same token budget for every run
+            assert rows[-1]["gen_tokens"] >= on_disk["budget_tokens"] == 5_000      # the same token budget for every run
             if name == "on_policy":
                 finals.append(compare.read_run(str(tmp_path / name / f"seed{seed}"), on_disk["grid_tokens"])["accuracy"])
     assert on_disk["target_accuracy"] == pytest.approx(compare.final_accuracy(
