@@ -34,6 +34,6 @@ def test_minimal_update_is_train_pys_update(tiny_path, addition):
 
 
 def test_minimal_learns(tiny_path):
-    accuracy = minimal.main(rounds=30, eval_every=30, eval_prompts=200, log=lambda *a: None)
+    accuracy = minimal.main(rounds=15, eval_every=15, eval_prompts=200, log=lambda *a: None)
     print(f"minimal.py: {accuracy[0]:.3f} -> {accuracy[-1]:.3f}")
-    assert accuracy[-1] - accuracy[0] >= 0.2, accuracy
+    assert accuracy[-1] - accuracy[0] >= 0.3, accuracy     # measured +0.44 to +0.49 by round 10 (3 seeds)
