@@ -11,7 +11,8 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 with no reuse; it separates "reuse" from "more, smaller updates"
   optional (--arms): replay_y3 (the replay arm with y = 3), replay_pbr (positive-bias retention),
                 replay_nonzero (only rollouts with a non-zero advantage are kept), replay_ppo (the
-                clipped loss), replay_asymre (AsymRE),
+                clipped loss), replay_asymre (AsymRE), replay_cap1 and replay_cap4 (the replay arm
+                with the importance weight truncated at C = 1 or 4 instead of 2),
                 control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
 
@@ -50,7 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_y3", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "control_nonzero")
+OPTIONAL_ARMS = ("replay_y3", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "replay_cap1",
+                 "replay_cap4", "control_nonzero")
 GPU_MU = (8.0, 27.0)            # measured on a lent H200, 0.5B-shaped model (train.py runs / bench.py)
 
 
@@ -68,6 +70,7 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
         P, N, B = batch // (y * G), batch, batch
     extra = {"replay_pbr": ["--keep-correct-frac", str(delta)], "replay_nonzero": ["--skip-zero-advantage"],
              "replay_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"],
+             "replay_cap1": ["--is-cap", "1.0"], "replay_cap4": ["--is-cap", "4.0"],
              "control_nonzero": ["--skip-zero-advantage", "--no-reuse"]}.get(arm, [])
     return ["--prompts-per-round", str(P), "--buffer-size", str(N), "--batch-size", str(B)] + extra
 
@@ -451,8 +454,8 @@ def print_table(s: dict) -> None:
         print(f"{name:<16}{a['final_accuracy']:>10.3f}{f'{lo:.2f}-{hi:.2f}':>12}{fmt(a['tokens_to_target'], ',.0f'):>16}"
               f"{fmt(a['seconds_to_target'], '.1f'):>13}{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}"
               f"{a['train_seconds']:>9.1f}")
-    print(f"\nagainst on_policy, point [90% interval over seeds]; time ratios at mu other than the measured one are "
-          f"PROJECTIONS from the runs' counts of generated and trained rollouts")
+    print("\nagainst on_policy, point [90% interval over seeds]; time ratios at mu other than the measured one are "
+          "PROJECTIONS from the runs' counts of generated and trained rollouts")
     for name, a in s["arms"].items():
         if name == "on_policy":
             continue

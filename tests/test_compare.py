@@ -79,6 +79,9 @@ def test_arms_follow_their_definitions():
     assert (int(rep["--prompts-per-round"]) * 8, int(rep["--buffer-size"]), int(rep["--batch-size"])) == (128, 256, 256)
     assert (int(ctl["--prompts-per-round"]) * 8, int(ctl["--buffer-size"]), int(ctl["--batch-size"])) == (128, 128, 128)
     assert compare.arm_flags("replay_pbr", 256, 2, 8, 0.3)[-2:] == ["--keep-correct-frac", "0.3"]
+    for arm, cap in (("replay_cap1", 1.0), ("replay_cap4", 4.0)):   # the replay arm, another cap C
+        flags = compare.arm_flags(arm, 256, 2, 8, 0.3)
+        assert flags == compare.arm_flags("replay", 256, 2, 8, 0.3) + ["--is-cap", str(cap)]
     y3 = parse(compare.arm_flags("replay_y3", 240, 2, 8, 0.3))     # each rollout used 3 times: R = B/3
     assert (int(y3["--prompts-per-round"]) * 8, int(y3["--buffer-size"]), int(y3["--batch-size"])) == (80, 240, 240)
     cn = compare.arm_flags("control_nonzero", 256, 2, 8, 0.3)
