@@ -234,6 +234,14 @@ def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0)
                    stdout=subprocess.DEVNULL)
 
 
+def warm_start_steps(train_args: list[str]) -> int:
+    """--warm-start-steps among the extra train.py flags, read as argparse reads it ('--x N' or
+    '--x=N'), else 0: the models built before the runs must be the ones the runs ask for."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--warm-start-steps", type=int, default=0)
+    return p.parse_known_args(train_args)[0].warm_start_steps
+
+
 def run_train(argv: list[str], out: str) -> None:
     """One train.py run in its own process, one torch thread (runs side by side do not fight for
     cores). A finished run (done.json with the same flags) is not run again: an interrupted
@@ -336,8 +344,7 @@ def compare(args) -> dict:
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     with ThreadPoolExecutor(args.jobs) as pool:
         if args.model == "tiny":        # each starting model built once, before the runs that share it
-            extra = args.train_args.split()
-            steps = int(extra[extra.index("--warm-start-steps") + 1]) if "--warm-start-steps" in extra else 0
+            steps = warm_start_steps(args.train_args.split())
             seeds = sorted({warm_start_seed(s) for s in [*range(args.seeds), *sweep_seeds]})
             list(pool.map(lambda s: build_tiny_model(args.task, s, steps), seeds))
         if args.sweep_lr:

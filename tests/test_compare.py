@@ -151,7 +151,7 @@ def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
 
 def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed)))
+    monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed, steps)))
     monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", argv)))
     accs = [0.1, 0.2, 0.3, 0.4, 0.5]
     monkeypatch.setattr(compare, "read_run", lambda out, grid: {
@@ -160,9 +160,9 @@ def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "plot", lambda *a: None)
     common = ["--output-dir", str(tmp_path), "--seeds", "3", "--evals", "4", "--bootstrap", "10", "--jobs", "1"]
     compare.main(common + ["--sweep-lr", "1e-3", "2e-3"])
-    builds = sorted(seed for kind, seed in calls if kind == "build")
-    assert builds == [0, 1, 2, 1000, 1001]                                   # reported and sweep replicates
-    runs = [argv for kind, argv in calls if kind == "run"]
+    builds = sorted(c[1:] for c in calls if c[0] == "build")
+    assert builds == [(s, 0) for s in (0, 1, 2, 1000, 1001)]                # reported and sweep replicates
+    runs = [c[1] for c in calls if c[0] == "run"]
     pairs = {(a[a.index("--warm-start-seed") + 1], a[a.index("--seed") + 1]) for a in runs}
     assert pairs == {(str(i), str(i)) for i in (0, 1, 2, 1000, 1001)}       # replicate i: model i, seed i
     summary = json.load(open(tmp_path / "summary.json"))
@@ -170,8 +170,12 @@ def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
     assert summary["lr_sweep"]["arms"]["replay"]["chosen"] == 1e-3            # equal scores: the smaller
     calls.clear()
     compare.main(common + ["--one-model", "--output-dir", str(tmp_path / "one")])
-    assert {a[a.index("--warm-start-seed") + 1] for kind, a in calls if kind == "run"} == {"0"}
+    assert {c[1][c[1].index("--warm-start-seed") + 1] for c in calls if c[0] == "run"} == {"0"}
     assert json.load(open(tmp_path / "one" / "summary.json"))["replicates"].startswith("one model")
+    for flags in ("--warm-start-steps 300", "--warm-start-steps=300"):     # built as the runs ask
+        calls.clear()
+        compare.main(common + ["--one-model", "--output-dir", str(tmp_path / "ws"), f"--train-args={flags}"])
+        assert [c for c in calls if c[0] == "build"] == [("build", 0, 300)]
 
 
 def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
