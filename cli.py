@@ -86,16 +86,31 @@ def parse(config_class, argv=None, description: str = ""):
         # a field newer than the checkpoint: it was saved with the default
         saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}
         changed = [f"--{k.replace('_', '-')} (saved {saved_value[k]!r}, given {given[k]!r})"
-                   for k in RESUME_FIXED if k in given and given[k] != saved_value[k]]
+                   for k in RESUME_FIXED
+                   if k in given and canonical(k, given[k]) != canonical(k, saved_value[k])]
         if changed:
             parser.error(f"--resume {saved.path}: these fields cannot change on resume: "
                          f"{', '.join(changed)}")
         run_dir = os.path.dirname(os.path.abspath(saved.path))
-        cfg = config_class(**{**config, **given, "resume": saved.path, "output_dir": run_dir})
+        if "output_dir" in given and os.path.abspath(given["output_dir"]) != run_dir:
+            parser.error(f"--output-dir {given['output_dir']}: a resumed run goes on in its own "
+                         f"folder, {run_dir}; to branch it, copy that folder and resume the copy")
+        same = {k: saved_value[k] for k in RESUME_FIXED if k in given}     # kept as saved
+        cfg = config_class(**{**config, **given, **same, "resume": saved.path,
+                              "output_dir": run_dir})
     problem = config_problem(cfg)
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
     return cfg, saved
+
+
+def canonical(field: str, value):
+    """A RESUME_FIXED value as the model it names: --warm-start-steps 0 is the demo's own length
+    (demo.WARM_START, 2000), so 0 and 2000 build the same model."""
+    if field == "warm_start_steps":
+        import demo
+        return value or demo.WARM_START["steps"]
+    return value
 
 
 def stale_demo(config: dict) -> str | None:

@@ -23,3 +23,38 @@ def tiny_path(addition):
     """The warm-started embedded model (built once, ~30 s, then cached on disk)."""
     import demo
     return demo.tiny_model(addition)
+
+
+@pytest.fixture
+def saved_run(tmp_path):
+    """A run folder as train.py leaves it after round 1 of a default run (config.json,
+    checkpoint-1/, adapter/), written without a model: the adapter is one stand-in tensor. For the
+    tests of what reads a run before any model is loaded (--resume, evaluate.py)."""
+    import dataclasses
+    import json
+    import random
+
+    import torch
+    from safetensors.torch import save_file
+
+    import checkpoint
+    import report
+    import train
+    from buffer import ReplayBuffer
+
+    class Adapter:
+        def save_pretrained(self, folder):
+            os.makedirs(folder, exist_ok=True)
+            save_file({"lora_A": torch.zeros(2)}, os.path.join(folder, "adapter_model.safetensors"))
+            with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                json.dump({"r": 16, "lora_alpha": 32}, f)
+
+    run = str(tmp_path / "run")
+    config = dataclasses.asdict(train.Config(output_dir=run))
+    report.save_config(run, config)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    checkpoint.save(run, dataclasses.asdict(train.LoopState(step=1, round=1)), config, model=Adapter(),
+                    optimizer=optimizer, buffer=ReplayBuffer(256), rng=random.Random(0))
+    Adapter().save_pretrained(os.path.join(run, "adapter"))
+    return run
+

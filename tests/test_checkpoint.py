@@ -165,6 +165,23 @@ def test_resume_refuses_changed_fields_and_missing_checkpoints(tmp_path, tiny_pa
     assert e.value.code == 2
 
 
+def test_a_resumed_run_stays_in_its_folder(saved_run, tmp_path, capsys):
+    """--resume RUN --output-dir X went on in RUN without a word about X."""
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--resume", saved_run, "--output-dir", str(tmp_path / "elsewhere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"--output-dir {tmp_path / 'elsewhere'}" in err[0]
+    assert train.parse_config(["--resume", saved_run, "--output-dir", saved_run + "/"]).output_dir == saved_run
+
+
+def test_warm_start_steps_0_and_2000_name_the_same_model_on_resume(saved_run, capsys):
+    """0 is the demo's own warm start, 2000 steps (demo.WARM_START): --resume took them for a change."""
+    assert train.parse_config(["--resume", saved_run, "--warm-start-steps", "2000"]).warm_start_steps == 0
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--resume", saved_run, "--warm-start-steps", "300"])
+    assert e.value.code == 2 and "--warm-start-steps (saved 0, given 300)" in capsys.readouterr().err
+
+
 def test_keep_checkpoints_prunes_old_ones(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     train.main(SMALL + ["--output-dir", run, "--max-rounds", "4", "--save-every", "1", "--keep-checkpoints", "2"])
