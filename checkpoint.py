@@ -143,10 +143,7 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
         os.makedirs(tmp)
     distributed.barrier()
     save_file(buffer.state_dict(), os.path.join(tmp, shard_name("buffer", distributed.rank())))
-    rng_state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng_state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
-    save_file(rng_state, os.path.join(tmp, shard_name("rng", distributed.rank())))
+    save_file(rng_states(), os.path.join(tmp, shard_name("rng", distributed.rank())))
     distributed.barrier()
     if distributed.is_main():        # the weights and the optimizer state: the same on every rank
         model.save_pretrained(os.path.join(tmp, "adapter"))
@@ -159,6 +156,26 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
             shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
     distributed.barrier()
     return final
+
+
+def rng_states() -> dict[str, torch.Tensor]:
+    """This process's torch RNG streams: the CPU's, and the GPU's (CUDA's, each device; or a Mac's
+    MPS), which sampling on that GPU draws from."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    if torch.backends.mps.is_available():
+        states["mps"] = torch.mps.get_rng_state()
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    """Put back the streams rng_states() saved (those of a device this machine has)."""
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(states["cuda"]))
+    if "mps" in states and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(states["mps"])
 
 
 def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
@@ -179,9 +196,7 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
     buffer.load_state_dict(saved.buffer)
-    torch.set_rng_state(saved.rng["torch"])
-    if "cuda" in saved.rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(saved.rng["cuda"]))
+    set_rng_states(saved.rng)
     version, internal, gauss = saved.python_rng
     rng.setstate((version, tuple(internal), gauss))
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 import torch
@@ -180,6 +181,24 @@ def test_warm_start_steps_0_and_2000_name_the_same_model_on_resume(saved_run, ca
     with pytest.raises(SystemExit) as e:
         train.parse_config(["--resume", saved_run, "--warm-start-steps", "300"])
     assert e.value.code == 2 and "--warm-start-steps (saved 0, given 300)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def mac_gpu(monkeypatch):
+    """torch.mps stood in for (no Mac here): its RNG stream, and what is put back into it."""
+    gpu = types.SimpleNamespace(state=torch.arange(16, dtype=torch.uint8), put=[])
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda: gpu.state.clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", gpu.put.append)
+    return gpu
+
+
+def test_a_macs_gpu_rng_stream_is_saved_and_put_back(mac_gpu, saved_run):      # mac_gpu first: saved with it
+    """Sampling on a Mac's GPU draws from MPS's stream: without it a resume there is not exact."""
+    saved = checkpoint.read(os.path.join(saved_run, "checkpoint-1"))
+    assert torch.equal(saved.rng["mps"], mac_gpu.state)
+    checkpoint.set_rng_states(saved.rng)
+    assert len(mac_gpu.put) == 1 and torch.equal(mac_gpu.put[0], mac_gpu.state)
 
 
 def test_keep_checkpoints_prunes_old_ones(tmp_path, tiny_path):
