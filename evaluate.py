@@ -37,7 +37,7 @@ import train
 BATCH = 256             # samples generated at once for pass@n
 
 
-def parse(argv=None) -> argparse.Namespace:
+def build_parser() -> cli.OneLineParser:
     p = cli.OneLineParser(prog="evaluate.py", description=__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="RUN", help="a run folder of train.py, a checkpoint folder in "
@@ -54,16 +54,26 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--num-generations", type=int, default=0, metavar="N",
                    help="samples per prompt for pass@1 and pass@N (default 0: greedy only)")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
-                   help="of the samples (default: the run's sampling temperature, else 1.0)")
+                   help="of the samples, with --num-generations (greedy decoding has none; "
+                   "default: the run's sampling temperature, else 1.0)")
     p.add_argument("--output", default="", metavar="FILE", help="the JSON file to write "
                    "(default: eval.json in the folder that holds the adapter)")
     p.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
+    return p
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The flags, the adapter and the run's config, checked before any model is loaded."""
+    p = build_parser()
     args = p.parse_args(argv)
     for name in ("eval_prompts", "num_generations"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
     if args.temperature is not None and args.temperature <= 0:
         p.error(f"--temperature {args.temperature}: must be > 0")
+    if args.temperature is not None and not args.num_generations:
+        p.error(f"--temperature {args.temperature}: applies to the samples of --num-generations N; "
+                "the greedy eval has no temperature")
     if args.num_generations == 1:
         p.error("--num-generations 1: pass@n needs 2 or more samples a prompt (0: greedy only)")
     args.adapter, saved = locate(args.path, args.checkpoint, p)
@@ -120,8 +130,9 @@ def config(saved: dict | None, args, parser) -> train.Config:
     if saved is None and not (args.model and args.task):
         parser.error(f"{args.adapter}: an adapter outside a run folder; name its base model and "
                      "task: --model M --task T")
-    if saved is not None and not args.model and (problem := cli.stale_demo(saved)):
-        parser.error(f"{args.adapter}: {problem}")
+    if saved is not None:       # --model tiny too: it builds today's demo model, another base
+        if problem := cli.stale_demo({**saved, "model": args.model or saved["model"]}):
+            parser.error(f"{args.adapter}: {problem}")
     fields = {f.name for f in dataclasses.fields(train.Config)}
     cfg = train.Config(**{k: v for k, v in (saved or {}).items() if k in fields})
     with open(os.path.join(args.adapter, "adapter_config.json")) as f:
@@ -204,7 +215,7 @@ def main(argv=None) -> dict:
                       "sampled_reward": "the mean reward of the samples"})
     for name, value in scores.items():
         print(f"{name:<16} {value:.4f}   {notes[name]}")
-    result = {"adapter": args.adapter, "model": cfg.model, "task": cfg.task,
+    result = {"adapter": args.adapter, "model": cfg.model, "task": cfg.task, "device": device,
               "eval_prompts": len(prompts), "max_new_tokens": limit,
               **({"num_generations": n, "temperature": args.temperature} if n else {}),
               "reward_errors": reward.errors, **scores}

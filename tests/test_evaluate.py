@@ -78,6 +78,7 @@ def test_pass_at_k_of_sampled_completions(trained, capsys):
     (["{run}", "--num-generations", "-2"], "--num-generations -2: must be >= 0"),
     (["{run}", "--num-generations", "1"], "pass@n needs 2 or more"),
     (["{run}", "--task", "sudoku"], "--task sudoku: unknown"),
+    (["{run}", "--temperature", "0.7"], "--temperature 0.7: applies to the samples of --num-generations"),
 ])
 def test_what_is_not_an_adapter_is_one_line_before_any_model(trained, tmp_path, tiny_path, capsys, monkeypatch,
                                                                args, message):
@@ -103,3 +104,17 @@ def test_samples_follow_the_runs_temperature_unless_given(trained, tmp_path):
     args = evaluate.parse([hot, "--num-generations", "4"])
     assert (args.temperature, args.cfg.top_p) == (0.7, 0.9)
     assert evaluate.parse([hot, "--num-generations", "4", "--temperature", "1.5"]).temperature == 1.5
+
+
+def test_the_earlier_demo_model_is_refused_with_model_tiny_too(saved_run, capsys, monkeypatch):
+    """--model tiny rebuilds today's demo model, and scored the old adapter on it (0.05) without a
+    word: a run of the earlier one-phase warm start (no warm_start_seed saved) is refused."""
+    config = json.load(open(os.path.join(saved_run, "config.json")))
+    del config["warm_start_seed"]
+    json.dump(config, open(os.path.join(saved_run, "config.json"), "w"))
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    for args in ([], ["--model", "tiny"]):
+        with pytest.raises(SystemExit) as e:
+            evaluate.main([os.path.join(saved_run, "adapter")] + args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and "earlier one-phase warm start" in err[0]
