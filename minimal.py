@@ -46,10 +46,11 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
          log=print) -> list[float]:
     """Train the demo model; returns the held-out greedy accuracy at round 0, every eval_every
     rounds and at the end."""
-    torch.manual_seed(seed)
     rng = random.Random(seed)
     task = tasks.addition_task(2)
-    model, tokenizer = load_policy(demo.tiny_model(task), lora_r=16)   # the base model + a new LoRA
+    base = demo.tiny_model(task)        # built on first use (it draws random numbers), then cached
+    torch.manual_seed(seed)             # after it: a cold cache and a warm one train alike
+    model, tokenizer = load_policy(base, lora_r=16)                     # the base model + a new LoRA
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(N, seed=seed)
