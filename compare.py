@@ -27,7 +27,11 @@ it always reaches its own target), or with --target-frac f < 1 its start plus f 
 point on the rise of a curve that saturates). One lucky eval, or a lucky last one, never counts.
 Intervals: 90% bootstrap over replicates, each arm's replicate drawn with on-policy's replicate of
 the same model (pairs), the target recomputed, --bootstrap times. --sweep-lr picks each arm's lr on
---sweep-seeds replicates of their own (seeds 1000, ...), not on the reported ones.
+--sweep-seeds replicates of their own (seeds 1000, ...: their own warm starts and RL seeds), not on
+the reported ones; so not with --one-model, and with a real --model only the RL seed is held out
+(summary.json says so).
+Every train.py flag compare.py sets for a run (the arm's, the replicate's, the lr, the budget, the
+evals) is its own to set: --train-args holding one is refused, as are unknown flags.
 
 Cost model. Let mu = (generation seconds per rollout) / (training seconds per rollout). In units
 of one training rollout, a run costs mu * (rollouts generated) + (rollouts trained). Replay saves
@@ -42,12 +46,16 @@ import json
 import math
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import cli
+import train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
@@ -234,14 +242,6 @@ def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0)
                    stdout=subprocess.DEVNULL)
 
 
-def warm_start_steps(train_args: list[str]) -> int:
-    """--warm-start-steps among the extra train.py flags, read as argparse reads it ('--x N' or
-    '--x=N'), else 0: the models built before the runs must be the ones the runs ask for."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--warm-start-steps", type=int, default=0)
-    return p.parse_known_args(train_args)[0].warm_start_steps
-
-
 def run_train(argv: list[str], out: str) -> None:
     """One train.py run in its own process, one torch thread (runs side by side do not fight for
     cores). A finished run (done.json with the same flags) is not run again: an interrupted
@@ -262,43 +262,65 @@ def run_train(argv: list[str], out: str) -> None:
         json.dump(argv, f)
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+# Flags whose default --quick changes (None: not given). Given flags keep their value.
+DEFAULTS = dict(budget_tokens=450_000, seeds=5, eval_prompts=500, evals=15, bootstrap=2000)
+QUICK = dict(budget_tokens=5_000, seeds=2, eval_prompts=100, evals=4, bootstrap=200)
+# train.py flags that --train-args may not hold although compare.py does not set them: why
+NOT_PASSED = {"resume": "compare.py starts its own runs",
+              "eval_every": "the runs evaluate at token thresholds instead (--evals)"}
+
+
+def build_parser() -> cli.OneLineParser:
+    p = cli.OneLineParser(prog="compare.py", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", default="runs/compare", help="folder for the runs, summary.json and curves.png")
-    p.add_argument("--budget-tokens", type=int, default=450_000, help="generated completion tokens per run")
-    p.add_argument("--seeds", type=int, default=5, help="replicates per arm (intervals need 5 or more); replicate i "
-                                                        "starts from warm-start seed i with RL seed i")
+    p.add_argument("--budget-tokens", type=int, help="generated completion tokens per run (default 450,000)")
+    p.add_argument("--seeds", type=int, help="replicates per arm (default 5; intervals need 5 or more); "
+                                             "replicate i starts from warm-start seed i with RL seed i")
     p.add_argument("--one-model", action="store_true",
-                   help="every replicate starts from the default model (warm-start seed 0); only the RL seed varies")
+                   help="every replicate starts from the default model (warm-start seed 0); only the RL seed "
+                        "varies (not with --sweep-lr: its replicates would start from the reported runs' model)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side, one torch thread each")
     p.add_argument("--batch-size", type=int, default=256, help="B, rollouts per update of the on-policy and replay arms")
     p.add_argument("--replay-ratio", type=int, default=2, help="y: uses of each rollout in the replay arms (>= 2)")
     p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
     p.add_argument("--lr", type=float, default=1e-3, help="one learning rate for every arm (unless --sweep-lr)")
-    p.add_argument("--sweep-lr", type=float, nargs="*", default=None,
+    p.add_argument("--sweep-lr", type=float, nargs="+", default=None, metavar="LR",
                    help="learning rates to try per arm, on --sweep-seeds replicates of their own (not reported); "
                         "each arm then runs at the one with the best mean accuracy over the evals")
-    p.add_argument("--sweep-seeds", type=int, default=2, help="replicates per learning rate in the sweep (seeds "
-                                                              "1000, 1001, ...: disjoint from the reported ones)")
-    p.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
-    p.add_argument("--keep-correct-frac", type=float, default=0.3, help="delta of the positive-bias retention arm")
-    p.add_argument("--mu", type=float, nargs="*", default=None,
+    p.add_argument("--sweep-seeds", type=int, help="with --sweep-lr: replicates per learning rate (default 2; "
+                                                   "seeds 1000, 1001, ...: disjoint from the reported ones)")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
+    p.add_argument("--keep-correct-frac", type=float,
+                   help="delta of the positive-bias retention arm (with --arms ... replay_pbr; default 0.3)")
+    p.add_argument("--mu", type=float, nargs="+", default=None,
                    help="costs of generation (seconds per generated / per trained rollout) to project each arm's "
                         f"time to the target at; default: this machine's measured mu and {GPU_MU[0]:g}, {GPU_MU[1]:g}")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
+    p.add_argument("--bootstrap", type=int, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--target-frac", type=float, default=1.0,
                    help="the target: on-policy's start + this part of its gain (1: its final accuracy; 0.9 "
                         "puts it on the rise of a curve that saturates)")
-    p.add_argument("--evals", type=int, default=15, help="eval points per run")
-    p.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts per eval")
+    p.add_argument("--evals", type=int, help="eval points per run (default 15)")
+    p.add_argument("--eval-prompts", type=int, help="held-out prompts per eval (default 500)")
     p.add_argument("--model", default="tiny", help="passed to train.py")
     p.add_argument("--task", default="addition", help="passed to train.py")
     p.add_argument("--quick", action="store_true",
-                   help="5k tokens, 2 seeds of one model, 100 eval prompts: checks the pipeline")
-    p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string")
+                   help="5k tokens, 2 seeds of one model, 4 evals of 100 prompts, 200 resamples (unless given): "
+                        "checks the pipeline")
+    p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string; not "
+                                                    "those compare.py sets itself (it refuses them)")
+    return p
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The comparison's settings, checked: a flag that cannot do what it says stops here, in one
+    line, before any model is built or run."""
+    p = build_parser()
     args = p.parse_args(argv)
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, QUICK[name] if args.quick else default)
     if args.quick:      # one model: no warm starts to build
-        args.budget_tokens, args.seeds, args.eval_prompts, args.evals, args.bootstrap = 5_000, 2, 100, 4, 200
         args.one_model = True
     if "on_policy" not in args.arms:
         p.error("--arms must include on_policy (it sets the target)")
@@ -310,33 +332,77 @@ def main(argv=None) -> dict:
                     f"= {y * args.num_generations}")
     if not 0 < args.target_frac <= 1:
         p.error(f"--target-frac {args.target_frac}: must be in (0, 1]")
-    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
+    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or (args.sweep_seeds or 1) < 1:
         p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
+    if args.sweep_seeds is not None and not args.sweep_lr:
+        p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
+    args.sweep_seeds = args.sweep_seeds or 2
+    if args.keep_correct_frac is not None and "replay_pbr" not in args.arms:
+        p.error(f"--keep-correct-frac {args.keep_correct_frac}: the delta of the replay_pbr arm, which "
+                "--arms does not run")
+    args.keep_correct_frac = 0.3 if args.keep_correct_frac is None else args.keep_correct_frac
+    if args.sweep_lr and args.one_model and args.model == "tiny":
+        p.error(f"--sweep-lr with {'--quick (one model)' if args.quick else '--one-model'}: the sweep's "
+                "replicates would start from the reported runs' model, so it would not be held out")
+    args.train_args = shlex.split(args.train_args)
+    given = train_flags(args.train_args)
+    own = {k for arm in args.arms for k in train_flags(own_flags(args, arm, 0, args.lr, "run"))}
+    if clash := [k for k in given if k in own]:
+        p.error(f"--train-args {', '.join('--' + k.replace('_', '-') for k in clash)}: set by compare.py "
+                "for each run (the arm's R, N, B and loss, the replicate's model and seed, the lr, the budget, "
+                "the evals); use compare.py's own flags")
+    for k in given.keys() & NOT_PASSED.keys():
+        p.error(f"--train-args --{k.replace('_', '-')}: {NOT_PASSED[k]}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
     try:
         return compare(args)
-    except CompareError as e:
-        p.error(str(e))
+    except CompareError as e:           # one line, as the parser's errors
+        print(f"compare.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def train_flags(argv: list[str]) -> dict:
+    """train.py's flags among argv, read by train.py's own parser: {field: value} of those given.
+    A flag train.py does not have, or a bad value, stops here in one line."""
+    parser = cli.build_parser(train.Config, explicit_only=True)
+    parser.prog = "compare.py --train-args"
+    return vars(parser.parse_args(argv))
+
+
+def warm_start_seed(args, seed: int) -> int:
+    return 0 if args.one_model else seed
+
+
+def token_grid(args) -> list[int]:
+    """The generated-token thresholds every run evaluates at: 0, one interval, ..., the budget."""
+    interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
+    return [k * interval for k in range(args.evals)] + [args.budget_tokens]
+
+
+def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
+    """The train.py flags compare.py sets for one run (replicate seed of an arm at lr): the arm's,
+    the replicate's model and seed, the lr, the budget and the eval grid. A run gets these, then
+    --train-args, which may hold none of them (parse refuses it)."""
+    model = ["--warm-start-seed", str(warm_start_seed(args, seed))] if args.model == "tiny" else []
+    # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
+    return arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac) + model + [
+        "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
+        "--num-generations", str(args.num_generations), "--max-gen-tokens", str(args.budget_tokens),
+        "--max-rounds", str(10**9), "--eval-every-tokens", str(token_grid(args)[1]),
+        "--eval-prompts", str(args.eval_prompts), "--no-progress"]
 
 
 def compare(args) -> dict:
-
     os.makedirs(args.output_dir, exist_ok=True)
-    y, B, G = args.replay_ratio, args.batch_size, args.num_generations
-    interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
-    grid = [k * interval for k in range(args.evals)] + [args.budget_tokens]
-
-    def warm_start_seed(seed: int) -> int:
-        return 0 if args.one_model else seed
+    grid = token_grid(args)
 
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
         out = os.path.join(args.output_dir, arm + tag, f"seed{seed}")
-        model = ["--warm-start-seed", str(warm_start_seed(seed))] if args.model == "tiny" else []
-        # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
-        run_train(arm_flags(arm, B, y, G, args.keep_correct_frac) + model + [
-            "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
-            "--num-generations", str(G), "--max-gen-tokens", str(args.budget_tokens), "--max-rounds", str(10**9),
-            "--eval-every-tokens", str(interval), "--eval-prompts", str(args.eval_prompts), "--no-progress",
-            *args.train_args.split()], out)
+        run_train(own_flags(args, arm, seed, lr, out) + args.train_args, out)
         return read_run(out, grid)
 
     start = time.time()
@@ -344,8 +410,8 @@ def compare(args) -> dict:
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     with ThreadPoolExecutor(args.jobs) as pool:
         if args.model == "tiny":        # each starting model built once, before the runs that share it
-            steps = warm_start_steps(args.train_args.split())
-            seeds = sorted({warm_start_seed(s) for s in [*range(args.seeds), *sweep_seeds]})
+            steps = train_flags(args.train_args).get("warm_start_steps", 0)
+            seeds = sorted({warm_start_seed(args, s) for s in [*range(args.seeds), *sweep_seeds]})
             list(pool.map(lambda s: build_tiny_model(args.task, s, steps), seeds))
         if args.sweep_lr:
             # replicates 1000, 1001, ...: the sweep selects on runs that are not reported (no selection bias)
@@ -365,7 +431,10 @@ def compare(args) -> dict:
             print(f"{arm} seed {seed}: final accuracy {final_accuracy(results[arm][-1]['accuracy']):.3f} "
                   f"({time.time() - start:.0f} s so far)", flush=True)
     summary = summarize(results, args, grid, lrs)
-    summary["lr_sweep"] = sweep and {"seeds": sweep_seeds, "score": "mean accuracy over the evals", "arms": sweep}
+    held_out = ("warm-start seed and RL seed: models of their own" if args.model == "tiny" else
+                f"the RL seed only: every replicate starts from {args.model}")
+    summary["lr_sweep"] = sweep and {"seeds": sweep_seeds, "held_out": held_out,
+                                     "score": "mean accuracy over the evals", "arms": sweep}
     with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_table(summary)

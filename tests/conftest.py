@@ -58,3 +58,24 @@ def saved_run(tmp_path):
     Adapter().save_pretrained(os.path.join(run, "adapter"))
     return run
 
+
+@pytest.fixture
+def compare_runs(monkeypatch):
+    """compare.py with nothing built or trained: each run's flags are read by train.py's parser
+    (the config the run would write: .runs holds (folder, train.Config)), its curve made up (a
+    rise, the same for every run), the models it would build listed in .builds."""
+    import types
+
+    import compare
+    import train
+
+    seen = types.SimpleNamespace(runs=[], builds=[])
+    monkeypatch.setattr(compare, "build_tiny_model",
+                        lambda task, seed, steps=0: seen.builds.append((task, seed, steps)))
+    monkeypatch.setattr(compare, "run_train", lambda argv, out: seen.runs.append((out, train.parse_config(argv))))
+    monkeypatch.setattr(compare, "read_run", lambda out, grid: {
+        "accuracy": [0.1 * (k + 1) for k in range(len(grid))], "tokens": grid, "seconds": grid,
+        "generated": grid, "trained": grid, "entropy": 0.5, "gen_seconds": 1.0, "train_seconds": 1.0,
+        "rollouts_generated": 10, "rollouts_trained": 10})
+    monkeypatch.setattr(compare, "plot", lambda *a: None)
+    return seen

@@ -149,33 +149,86 @@ def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
     assert compare.sweep_score({"accuracy": [0.2, 0.4, 0.9]}) == pytest.approx(0.5)
 
 
-def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed, steps)))
-    monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", argv)))
-    accs = [0.1, 0.2, 0.3, 0.4, 0.5]
-    monkeypatch.setattr(compare, "read_run", lambda out, grid: {
-        "accuracy": accs, "tokens": grid, "seconds": grid, "generated": grid, "trained": grid, "entropy": 0.5,
-        "gen_seconds": 1.0, "train_seconds": 1.0, "rollouts_generated": 10, "rollouts_trained": 10})
-    monkeypatch.setattr(compare, "plot", lambda *a: None)
-    common = ["--output-dir", str(tmp_path), "--seeds", "3", "--evals", "4", "--bootstrap", "10", "--jobs", "1"]
-    compare.main(common + ["--sweep-lr", "1e-3", "2e-3"])
-    builds = sorted(c[1:] for c in calls if c[0] == "build")
+COMMON = ["--seeds", "3", "--evals", "4", "--bootstrap", "10", "--jobs", "1"]
+
+
+def test_replicates_vary_the_warm_start_unless_one_model(tmp_path, compare_runs):
+    compare.main(COMMON + ["--output-dir", str(tmp_path), "--sweep-lr", "1e-3", "2e-3"])
+    builds = sorted(b[1:] for b in compare_runs.builds)
     assert builds == [(s, 0) for s in (0, 1, 2, 1000, 1001)]                # reported and sweep replicates
-    runs = [c[1] for c in calls if c[0] == "run"]
-    pairs = {(a[a.index("--warm-start-seed") + 1], a[a.index("--seed") + 1]) for a in runs}
-    assert pairs == {(str(i), str(i)) for i in (0, 1, 2, 1000, 1001)}       # replicate i: model i, seed i
+    pairs = {(cfg.warm_start_seed, cfg.seed) for _, cfg in compare_runs.runs}
+    assert pairs == {(i, i) for i in (0, 1, 2, 1000, 1001)}                 # replicate i: model i, seed i
     summary = json.load(open(tmp_path / "summary.json"))
     assert summary["replicates"].startswith("warm-start seed i") and summary["lr_sweep"]["seeds"] == [1000, 1001]
     assert summary["lr_sweep"]["arms"]["replay"]["chosen"] == 1e-3            # equal scores: the smaller
-    calls.clear()
-    compare.main(common + ["--one-model", "--output-dir", str(tmp_path / "one")])
-    assert {c[1][c[1].index("--warm-start-seed") + 1] for c in calls if c[0] == "run"} == {"0"}
+    compare_runs.runs.clear()
+    compare.main(COMMON + ["--one-model", "--output-dir", str(tmp_path / "one")])
+    assert {cfg.warm_start_seed for _, cfg in compare_runs.runs} == {0}
     assert json.load(open(tmp_path / "one" / "summary.json"))["replicates"].startswith("one model")
     for flags in ("--warm-start-steps 300", "--warm-start-steps=300"):     # built as the runs ask
-        calls.clear()
-        compare.main(common + ["--one-model", "--output-dir", str(tmp_path / "ws"), f"--train-args={flags}"])
-        assert [c for c in calls if c[0] == "build"] == [("build", 0, 300)]
+        compare_runs.builds.clear()
+        compare.main(COMMON + ["--one-model", "--output-dir", str(tmp_path / "ws"), f"--train-args={flags}"])
+        assert compare_runs.builds == [("addition", 0, 300)]
+
+
+def refused(argv, capsys, compare_runs) -> str:
+    """compare.main(argv) must stop with one line (exit 2) before building or running anything."""
+    with pytest.raises(SystemExit) as e:
+        compare.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert compare_runs.builds == compare_runs.runs == []
+    return err[0]
+
+
+@pytest.mark.parametrize("train_args, named", [
+    ("--lr 5e-4 --seed 7", "--lr, --seed"),        # the sweep's lr and the replicate's seed would lose
+    ("--warm-start-seed 3", "--warm-start-seed"),
+    ("--see 7", "--seed"),                          # abbreviated, as train.py's parser reads it
+    ("--buffer-size 64 --batch-size 64", "--buffer-size, --batch-size"),
+    ("--output-dir elsewhere", "--output-dir"),
+    ("--eval-every 5", "--eval-every"),             # the runs evaluate at token thresholds
+    ("--resume runs/x", "--resume"),
+    ("--no-such-flag 1", "unrecognized arguments: --no-such-flag"),
+])
+def test_train_args_may_not_set_what_compare_sets_per_run(tmp_path, capsys, compare_runs, train_args, named):
+    """--train-args came after the arm's own flags, so its --lr or --seed silently won over the
+    sweep's lr and the replicate seeds (the held-out sweep replicates became the reported ones)."""
+    err = refused(["--output-dir", str(tmp_path), "--sweep-lr", "1e-3", "2e-3", "--train-args", train_args],
+                  capsys, compare_runs)
+    assert named in err
+
+
+def test_an_arms_own_flag_is_refused_in_train_args_only_when_that_arm_runs(tmp_path, capsys, compare_runs):
+    err = refused(["--output-dir", str(tmp_path), "--arms", "on_policy", "replay_ppo", "--train-args", "--loss asymre"],
+                  capsys, compare_runs)
+    assert "--train-args --loss" in err
+    compare.main(COMMON + ["--output-dir", str(tmp_path), "--train-args", "--loss ppo --system-prompt 'Be brief.'"])
+    assert {(cfg.loss, cfg.system_prompt) for _, cfg in compare_runs.runs} == {("ppo", "Be brief.")}   # every run
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep-lr"], "--sweep-lr: expected at least one argument"),
+    (["--one-model", "--sweep-lr", "1e-3", "2e-3"], "--sweep-lr with --one-model"),
+    (["--quick", "--sweep-lr", "1e-3", "2e-3"], "--sweep-lr with --quick"),
+    (["--sweep-seeds", "3"], "--sweep-seeds 3: replicates of the lr sweep"),
+    (["--keep-correct-frac", "0.5"], "--keep-correct-frac 0.5: the delta of the replay_pbr arm"),
+    (["--mu"], "--mu: expected at least one argument"),
+])
+def test_settings_that_would_do_nothing_or_mislead_are_refused(tmp_path, capsys, compare_runs, argv, message):
+    """--sweep-lr with no values ran without a sweep and reported the lr as given; with one model the
+    sweep's replicates start where the reported ones do (only the RL seed differs): not held out."""
+    assert message in refused(["--output-dir", str(tmp_path)] + argv, capsys, compare_runs)
+
+
+def test_quick_keeps_the_settings_given_and_a_real_models_sweep_says_what_is_held_out(tmp_path, compare_runs):
+    compare.main(["--quick", "--seeds", "3", "--evals", "3", "--output-dir", str(tmp_path), "--arms", "on_policy"])
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["arms"]["on_policy"]["seeds"] == 3 and len(summary["grid_tokens"]) == 4
+    assert summary["budget_tokens"] == 5_000                      # the --quick default where none was given
+    compare.main(COMMON + ["--output-dir", str(tmp_path / "real"), "--model", "some/model", "--sweep-lr", "1e-3"])
+    assert json.load(open(tmp_path / "real" / "summary.json"))["lr_sweep"]["held_out"] == \
+        "the RL seed only: every replicate starts from some/model"
 
 
 def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
