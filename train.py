@@ -89,7 +89,8 @@ class Config:
     max_rounds: int = opt(200, "stop after this many rounds")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were "
                                  "generated; 0 = none")
-    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
+                              "--eval-every-tokens)")
     eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple "
                                     "of this; 0 = off")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")

@@ -1,0 +1,346 @@
+"""Every flag does what it says, or is refused.
+
+The flags of each entry point are read from its parser: train.py, train.py --resume, evaluate.py,
+compare.py, and every train.py flag passed through compare.py's --train-args; minimal.main's
+keyword arguments from its signature. Each has a line in a table below that says where its value
+goes. The test gives it a value other than its default and checks that the value reached what the
+entry point writes (config.json, each compare run's config, summary.json, eval.json), or that the
+entry point refused it: exit code 2, one line naming the flag, before any model was built or
+loaded. A flag without a line fails: a new flag is covered by writing its line.
+
+Nothing is trained. cli.load_model is stood in for (train.py writes config.json before it, for
+real); compare.py's runs are read by train.py's parser (conftest.py: compare_runs); evaluate.py's
+scores are made up; minimal.main's model calls are recorded.
+"""
+import argparse
+import functools
+import inspect
+import json
+import os
+import random
+import shlex
+import types
+
+import pytest
+import torch
+
+import cli
+import compare
+import evaluate
+import minimal
+import report
+import tasks
+import train
+
+CONFIG = "reaches the config: config.json (train.py), each run's (compare.py --train-args)"
+REFUSED = "refused in one line, exit code 2, before any model"
+
+
+class Only(str):
+    """Reaches the config, and acts only in the case its --help names (this text, checked there)."""
+
+
+C, R = CONFIG, REFUSED
+# field: (the flag with a value other than the default, the value written, its line for train.py,
+# train.py --resume RUN (saved with the defaults), compare.py --train-args (its default arms))
+TRAIN = {
+    "model": ("--model Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", C, R, R),
+    "warm_start_steps": ("--warm-start-steps 300", 300, Only("tiny model only"), R, Only("tiny model only")),
+    "warm_start_seed": ("--warm-start-seed 3", 3, Only("tiny model only"), R, R),
+    "task": ("--task addition3", "addition3", C, R, R),
+    "reward_mode": ("--reward-mode lenient", "lenient", Only("GSM8K-format"), R, Only("GSM8K-format")),
+    "reward": ("--reward {tmp}/reward.py:exact", "{tmp}/reward.py:exact", C, R, C),
+    "chat_template": ("--no-chat-template", False, Only("when it has one"), R, Only("when it has one")),
+    "system_prompt": ("--system-prompt 'Answer with the number.'", "Answer with the number.",
+                      Only("with the chat template"), R, Only("with the chat template")),
+    "output_dir": ("--output-dir {tmp}/out", "{tmp}/out", C, R, R),
+    "seed": ("--seed 7", 7, C, R, R),
+    "prompts_per_round": ("--prompts-per-round 8", 8, C, R, R),
+    "num_generations": ("--num-generations 4", 4, C, R, R),
+    "max_new_tokens": ("--max-new-tokens 20", 20, C, C, C),
+    "temperature": ("--temperature 0.7", 0.7, C, R, C),
+    "top_p": ("--top-p 0.9", 0.9, C, C, C),
+    "buffer_size": ("--buffer-size 512", 512, C, R, R),
+    "batch_size": ("--batch-size 128", 128, C, C, R),
+    "updates_per_round": ("--updates-per-round 2", 2, C, C, C),
+    "max_age": ("--max-age 3", 3, C, C, C),
+    "reuse": ("--no-reuse", False, C, C, C),
+    "keep_correct_frac": ("--keep-correct-frac 0.25", 0.25, C, C, C),
+    "skip_zero_advantage": ("--skip-zero-advantage", True, C, C, C),
+    "loss": ("--loss ppo", "ppo", C, C, C),
+    "asymre_tau": ("--asymre-tau 0.2", 0.2, Only("of the asymre loss"), Only("of the asymre loss"),
+                   Only("of the asymre loss")),
+    "is_cap": ("--is-cap 3", 3.0, Only("(tis)"), Only("(tis)"), Only("(tis)")),
+    "epsilon": ("--epsilon 0.3", 0.3, Only("of the ppo loss"), Only("of the ppo loss"), Only("of the ppo loss")),
+    "normalization": ("--normalization sequence_mean", "sequence_mean", C, C, C),
+    "lr": ("--lr 5e-4", 5e-4, C, C, R),
+    "max_grad_norm": ("--max-grad-norm 0.5", 0.5, C, C, C),
+    "lora_r": ("--lora-r 8", 8, C, R, C),
+    "lora_alpha": ("--lora-alpha 16", 16, C, R, C),
+    "micro_batch_size": ("--micro-batch-size 4", 4, C, C, C),
+    "beta": ("--beta 0.05", 0.05, C, C, C),
+    "max_rounds": ("--max-rounds 3", 3, C, C, R),
+    "max_gen_tokens": ("--max-gen-tokens 1000", 1000, C, C, R),
+    "eval_every": ("--eval-every 5", 5, Only("unless --eval-every-tokens"), Only("unless --eval-every-tokens"), R),
+    "eval_every_tokens": ("--eval-every-tokens 1000", 1000, C, C, R),
+    "eval_prompts": ("--eval-prompts 50", 50, C, C, R),
+    "device": ("--device cpu", "cpu", C, C, C),
+    "progress": ("--no-progress", False, C, C, R),
+    "plot": ("--no-plot", False, C, C, C),
+    "report_to": ("--report-to tensorboard", "tensorboard", C, C, C),
+    "dtype": ("--dtype float16", "float16", C, C, C),
+    "load_in_4bit": ("--load-in-4bit", True, C, R, C),
+    "gradient_checkpointing": ("--gradient-checkpointing", True, C, C, C),
+    "fast_generation": ("--fast-generation", True, C, C, C),
+    "trust_remote_code": ("--trust-remote-code", True, C, C, C),
+    "save_every": ("--save-every 2", 2, C, C, C),
+    "keep_checkpoints": ("--keep-checkpoints 3", 3, C, C, C),
+    "resume": ("--resume {ckpt}", "{ckpt}", C, C, R),
+    "on_reward_error": ("--on-reward-error zero", "zero", C, C, C),
+    "max_skipped_steps": ("--max-skipped-steps 3", 3, C, C, C),
+}
+CONTEXTS = ("train.py", "train.py --resume", "compare.py --train-args")
+
+# compare.py's own flags: cases (flags, then a check of what it wrote, or REFUSED). w.summary:
+# summary.json; w.each(field): the values of a field over the runs' configs; w.arm(name): its configs.
+COMPARE = {
+    "output_dir": [("--output-dir {tmp}/elsewhere",
+                    lambda w: all(c.output_dir.startswith(f"{w.tmp}/elsewhere/") for _, c in w.runs))],
+    "budget_tokens": [("--budget-tokens 6000",
+                       lambda w: w.summary["budget_tokens"] == 6000 and w.each("max_gen_tokens") == {6000})],
+    "seeds": [("--seeds 2", lambda w: w.each("seed") == {0, 1}
+               and {a["seeds"] for a in w.summary["arms"].values()} == {2})],
+    "one_model": [("--one-model --seeds 2", lambda w: w.each("warm_start_seed") == {0} and w.each("seed") == {0, 1}
+                   and w.summary["replicates"].startswith("one model"))],
+    "jobs": [("--jobs 3", lambda w: "3 run(s) side by side" in w.summary["seconds_measured"])],
+    "batch_size": [("--batch-size 128", lambda w: {c.batch_size for c in w.arm("on_policy")} == {128})],
+    "replay_ratio": [("--replay-ratio 4", lambda w: {c.rollouts_per_round for c in w.arm("replay")} == {256 // 4})],
+    "num_generations": [("--num-generations 4", lambda w: w.each("num_generations") == {4})],
+    "lr": [("--lr 2e-3", lambda w: w.each("lr") == {2e-3} and set(w.summary["lr"].values()) == {2e-3})],
+    "sweep_lr": [("--sweep-lr 5e-4 2e-3",
+                  lambda w: w.each("lr") == {5e-4, 2e-3} and w.summary["lr_chosen_by"] == "sweep"),
+                 ("--sweep-lr", R)],
+    "sweep_seeds": [("--sweep-lr 1e-3 --sweep-seeds 3",
+                     lambda w: w.summary["lr_sweep"]["seeds"] == [1000, 1001, 1002]),
+                    ("--sweep-seeds 3", R)],
+    "arms": [("--arms on_policy control", lambda w: set(w.summary["arms"]) == {"on_policy", "control"})],
+    "keep_correct_frac": [("--arms on_policy replay_pbr --keep-correct-frac 0.4",
+                           lambda w: {c.keep_correct_frac for c in w.arm("replay_pbr")} == {0.4}),
+                          ("--keep-correct-frac 0.4", R)],
+    "mu": [("--mu 3 5", lambda w: w.summary["projected_at_mu"] == [3.0, 5.0]), ("--mu", R)],
+    "bootstrap": [("--bootstrap 20", lambda w: "(20 resamples)" in w.summary["intervals"])],
+    "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9)],
+    "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
+               and w.each("eval_every_tokens") == {w.summary["grid_tokens"][1]})],
+    "eval_prompts": [("--eval-prompts 100", lambda w: w.each("eval_prompts") == {100})],
+    "model": [("--model Qwen/Qwen2.5-0.5B-Instruct",
+               lambda w: w.each("model") == {"Qwen/Qwen2.5-0.5B-Instruct"} and w.builds == [])],
+    "task": [("--task addition3",
+              lambda w: w.each("task") == {"addition3"} and {b[0] for b in w.builds} == {"addition3"})],
+    "quick": [("--quick", lambda w: w.summary["budget_tokens"] == 5_000 and w.each("eval_prompts") == {100})],
+    "train_args": "TRAIN's last column",
+}
+COMPARE_BASE = ["--seeds", "1", "--evals", "3", "--bootstrap", "10", "--jobs", "1"]   # small; the cases override
+
+# evaluate.py's flags: cases (the command line, then a check of the eval.json it wrote, or REFUSED)
+EVALUATE = {
+    "path": [("{run}", lambda w: w.eval["adapter"] == f"{w.run}/adapter" and w.eval_path == f"{w.run}/eval.json")],
+    "checkpoint": [("{run} --checkpoint 1", lambda w: w.eval["adapter"] == f"{w.run}/checkpoint-1/adapter")],
+    "model": [("{run} --model Qwen/Qwen2.5-0.5B-Instruct", lambda w: w.eval["model"] == "Qwen/Qwen2.5-0.5B-Instruct")],
+    "task": [("{run} --task addition3", lambda w: w.eval["task"] == "addition3")],
+    "eval_prompts": [("{run} --eval-prompts 7", lambda w: w.eval["eval_prompts"] == 7)],
+    "num_generations": [("{run} --num-generations 4", lambda w: w.eval["num_generations"] == 4 and "pass@4" in w.eval)],
+    "temperature": [("{run} --num-generations 4 --temperature 0.7", lambda w: w.eval["temperature"] == 0.7),
+                    ("{run} --temperature 0.7", R)],
+    "output": [("{run} --output {tmp}/scores.json", lambda w: w.eval_path == f"{w.tmp}/scores.json")],
+    "device": [("{run} --device mps", lambda w: w.eval["device"] == "mps")],
+}
+
+# minimal.main's keyword arguments: (the value, given what is recorded; a check of what it did)
+MINIMAL = {
+    "rounds": (lambda w: 3, lambda w: len(w.generated) == 3 and len(w.result) == 2),
+    "eval_every": (lambda w: 10, lambda w: len(w.evaluated) == 11),                # rounds 0, 10, ..., 100
+    "eval_prompts": (lambda w: 7, lambda w: set(w.evaluated) == {7}),
+    "seed": (lambda w: 5, lambda w: w.seeded == 5 and w.generated[0] == random.Random(5).sample(
+        tasks.addition_task(2).train_prompts, minimal.PROMPTS)),
+    "log": (lambda w: w.lines.append, lambda w: w.lines[0] == "round 0: held-out accuracy 0.250"),
+}
+
+
+def flags(parser) -> dict:
+    """{dest: its flag (the first option string; a positional's name)} of each action but --help."""
+    return {a.dest: a.option_strings[0] if a.option_strings else a.dest
+            for a in parser._actions if not isinstance(a, argparse._HelpAction)}
+
+
+TRAIN_FLAGS, COMPARE_FLAGS = flags(cli.build_parser(train.Config)), flags(compare.build_parser())
+EVALUATE_FLAGS, MINIMAL_ARGS = flags(evaluate.build_parser()), list(inspect.signature(minimal.main).parameters)
+TRAIN_HELP = {a.dest: " ".join(a.help.split()) for a in cli.build_parser(train.Config)._actions}
+
+
+def test_every_flag_has_a_line_and_every_line_a_flag():
+    for name, found, table in (("train.py", TRAIN_FLAGS, TRAIN), ("compare.py", COMPARE_FLAGS, COMPARE),
+                               ("evaluate.py", EVALUATE_FLAGS, EVALUATE), ("minimal.main", MINIMAL_ARGS, MINIMAL)):
+        assert set(found) == set(table), (name, "no line:", sorted(set(found) - set(table)),
+                                          "no flag:", sorted(set(table) - set(found)))
+    for dest, line in TRAIN.items():        # each line gives its own flag (--x or --no-x)
+        assert line[0].split()[0] in (TRAIN_FLAGS[dest], TRAIN_FLAGS[dest].replace("--", "--no-", 1)), dest
+    for table, found in ((COMPARE, COMPARE_FLAGS), (EVALUATE, EVALUATE_FLAGS)):
+        for dest, cases in table.items():
+            assert isinstance(cases, str) or all(dest == "path" or found[dest] in text.split() for text, _ in cases)
+
+
+class Loaded(Exception):
+    """cli.load_model was reached: every check before any model passed."""
+
+
+load_task = tasks.load_task
+
+
+@functools.cache
+def cached_task(name, reward_mode="strict"):
+    return load_task(name, reward_mode)
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch, request):
+    """The folder the commands run in (with a reward file), cli.load_model stood in for (it
+    records the config and stops), the folders config.json is written to, tasks built once a
+    session, and {tmp} / {run} / {ckpt} (a saved run, made on first use) for the command lines."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reward.py").write_text("def exact(prompt, completion):\n    return 1.0\n")
+    monkeypatch.setattr(tasks, "load_task", cached_task)
+    w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[])
+
+    def load_model(cfg, *args, **kwargs):
+        w.loaded.append(cfg)
+        raise Loaded(cfg)
+    monkeypatch.setattr(cli, "load_model", load_model)
+    save_config, w.run_dirs = report.save_config, []
+    monkeypatch.setattr(report, "save_config", lambda run_dir, config: (w.run_dirs.append(run_dir),
+                                                                        save_config(run_dir, config))[1])
+
+    def fill(text):
+        if "{run}" in text or "{ckpt}" in text:
+            w.run = request.getfixturevalue("saved_run")
+        run = getattr(w, "run", "")
+        return text.format(tmp=w.tmp, run=run, ckpt=os.path.join(run, "checkpoint-1"))
+    w.fill = fill
+    return w
+
+
+def assert_refused(call, flag: str, capsys, *nothing_done):
+    """call() exits with code 2 and one line naming flag; nothing_done (lists of what was loaded,
+    built or run) stay empty."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and flag in err[0], err
+    assert not any(nothing_done), nothing_done
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("dest", sorted(TRAIN_FLAGS))
+def test_a_train_flag_reaches_the_config_or_is_refused(dest, context, world, capsys, request):
+    assert dest in TRAIN, f"{TRAIN_FLAGS[dest]}: no line in TRAIN (tests/test_flags.py); add one"
+    text, value, *lines = TRAIN[dest]
+    line, value = lines[CONTEXTS.index(context)], world.fill(value) if isinstance(value, str) else value
+    flag = "--" + dest.replace("_", "-")
+    if isinstance(line, Only):
+        assert line in TRAIN_HELP[dest], f"{flag}: its --help should say where it acts ({line!r})"
+    if context == "compare.py --train-args":
+        runs = request.getfixturevalue("compare_runs")
+        call = lambda: compare.main(["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE
+                                    + [f"--train-args={world.fill(text)}"])     # '=': a lone --x is a flag
+        if line == REFUSED:
+            return assert_refused(call, f"--train-args {flag}", capsys, runs.runs, runs.builds)
+        call()
+        assert len(runs.runs) == len(compare.ARMS) and {getattr(c, dest) for _, c in runs.runs} == {value}
+        return
+    argv = shlex.split(world.fill(text))
+    if context == "train.py --resume":
+        argv = ["--resume", world.fill("{run}")] + argv
+    if line == REFUSED:
+        return assert_refused(lambda: train.main(argv), flag, capsys, world.loaded)
+    with pytest.raises(Loaded):
+        train.main(argv)
+    with open(os.path.join(world.run_dirs[-1], "config.json")) as f:
+        assert json.load(f)[dest] == value
+
+
+@pytest.mark.parametrize("dest", sorted(COMPARE_FLAGS))
+def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, world, compare_runs, capsys):
+    assert dest in COMPARE, f"compare.py {dest}: no line in COMPARE (tests/test_flags.py); add one"
+    if isinstance(COMPARE[dest], str):
+        return                                      # --train-args: test_a_train_flag_... above
+    for text, check in COMPARE[dest]:
+        compare_runs.runs.clear(), compare_runs.builds.clear()
+        argv = ["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE + shlex.split(world.fill(text))
+        if check == REFUSED:
+            assert_refused(lambda: compare.main(argv), COMPARE_FLAGS[dest], capsys, compare_runs.runs,
+                           compare_runs.builds)
+            continue
+        compare.main(argv)
+        folder = compare.build_parser().parse_args(argv).output_dir
+        with open(os.path.join(folder, "summary.json")) as f:
+            summary = json.load(f)
+        runs = list(compare_runs.runs)
+        arm_of = lambda out: os.path.basename(os.path.dirname(out))            # OUT/<arm>/seed<i>
+        w = types.SimpleNamespace(tmp=world.tmp, summary=summary, runs=runs, builds=compare_runs.builds,
+                                  each=lambda field: {getattr(c, field) for _, c in runs},
+                                  arm=lambda name: [c for out, c in runs if arm_of(out) == name])
+        assert check(w), (text, summary)
+
+
+@pytest.mark.parametrize("dest", sorted(EVALUATE_FLAGS))
+def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, monkeypatch):
+    import checkpoint
+    import rollout
+    assert dest in EVALUATE, f"evaluate.py {dest}: no line in EVALUATE (tests/test_flags.py); add one"
+
+    def load_model(cfg, task, device, rank):
+        world.loaded.append(cfg)
+        return types.SimpleNamespace(eval=lambda: None), None, task
+    monkeypatch.setattr(cli, "load_model", load_model)
+    monkeypatch.setattr(checkpoint, "load_adapter", lambda model, folder: None)
+    monkeypatch.setattr(rollout, "greedy_rewards", lambda model, tok, prompts, fns, **k: dict.fromkeys(fns, 0.5))
+    monkeypatch.setattr(evaluate, "sampled_rewards", lambda model, tok, prompts, reward, *, n, **k:
+                        [[1.0] + [0.0] * (n - 1) for _ in prompts])
+    for text, check in EVALUATE[dest]:
+        world.loaded.clear()
+        argv = shlex.split(world.fill(text))
+        if check == REFUSED:
+            assert_refused(lambda: evaluate.main(argv), EVALUATE_FLAGS[dest], capsys, world.loaded)
+            continue
+        result = evaluate.main(argv)
+        path = (evaluate.build_parser().parse_args(argv).output
+                or os.path.join(os.path.dirname(result["adapter"]), "eval.json"))
+        with open(path) as f:
+            written = json.load(f)
+        assert written == result and check(types.SimpleNamespace(eval=written, eval_path=path, run=world.run,
+                                                                 tmp=world.tmp)), (text, written)
+
+
+@pytest.mark.parametrize("name", MINIMAL_ARGS)
+def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
+    """minimal.main writes nothing: what it did is read from the calls it made (no model)."""
+    import demo
+    assert name in MINIMAL, f"minimal.main({name}=...): no line in MINIMAL (tests/test_flags.py); add one"
+    w = types.SimpleNamespace(generated=[], evaluated=[], lines=[], seeded=None)
+
+    def load_policy(path, **kwargs):
+        w.seeded = torch.initial_seed()
+        return torch.nn.Linear(1, 1), types.SimpleNamespace(pad_token_id=0)
+
+    def greedy_accuracy(model, tokenizer, prompts, reward, max_new_tokens):
+        w.evaluated.append(len(prompts))
+        return 0.25
+
+    monkeypatch.setattr(demo, "tiny_model", lambda task: "the demo model")
+    monkeypatch.setattr(minimal, "load_policy", load_policy)
+    monkeypatch.setattr(minimal, "greedy_accuracy", greedy_accuracy)
+    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, reward, **k:
+                        (w.generated.append(prompts), ([], {"reward": 0.0}))[1])
+    value, check = MINIMAL[name]
+    w.result = minimal.main(**{name: value(w)})
+    assert check(w), name
