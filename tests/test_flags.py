@@ -32,73 +32,75 @@ import report
 import tasks
 import train
 
-CONFIG = "reaches the config: config.json (train.py), each run's (compare.py --train-args)"
-REFUSED = "refused in one line, exit code 2, before any model"
+CONFIG, REFUSED = "config", "refused"
 
 
-class Only(str):
-    """Reaches the config, and acts only in the case its --help names (this text, checked there)."""
+def table(text: str) -> dict:
+    """{field: (the flag and a value other than its default, its line in each of CONTEXTS, the words
+    its --help must hold)} from the rows of a table whose columns are split by |."""
+    rows = [[cell.strip() for cell in line.split("|")] for line in text.strip().splitlines()[1:]]
+    return {row[0]: (row[1], tuple(row[2:5]), row[5]) for row in rows}
 
 
-C, R = CONFIG, REFUSED
-# field: (the flag with a value other than the default, the value written, its line for train.py,
-# train.py --resume RUN (saved with the defaults), compare.py --train-args (its default arms))
-TRAIN = {
-    "model": ("--model Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", C, R, R),
-    "warm_start_steps": ("--warm-start-steps 300", 300, Only("tiny model only"), R, Only("tiny model only")),
-    "warm_start_seed": ("--warm-start-seed 3", 3, Only("tiny model only"), R, R),
-    "task": ("--task addition3", "addition3", C, R, R),
-    "reward_mode": ("--reward-mode lenient", "lenient", Only("GSM8K-format"), R, Only("GSM8K-format")),
-    "reward": ("--reward {tmp}/reward.py:exact", "{tmp}/reward.py:exact", C, R, C),
-    "chat_template": ("--no-chat-template", False, Only("when it has one"), R, Only("when it has one")),
-    "system_prompt": ("--system-prompt 'Answer with the number.'", "Answer with the number.",
-                      Only("with the chat template"), R, Only("with the chat template")),
-    "output_dir": ("--output-dir {tmp}/out", "{tmp}/out", C, R, R),
-    "seed": ("--seed 7", 7, C, R, R),
-    "prompts_per_round": ("--prompts-per-round 8", 8, C, R, R),
-    "num_generations": ("--num-generations 4", 4, C, R, R),
-    "max_new_tokens": ("--max-new-tokens 20", 20, C, C, C),
-    "temperature": ("--temperature 0.7", 0.7, C, R, C),
-    "top_p": ("--top-p 0.9", 0.9, C, C, C),
-    "buffer_size": ("--buffer-size 512", 512, C, R, R),
-    "batch_size": ("--batch-size 128", 128, C, C, R),
-    "updates_per_round": ("--updates-per-round 2", 2, C, C, C),
-    "max_age": ("--max-age 3", 3, C, C, C),
-    "reuse": ("--no-reuse", False, C, C, C),
-    "keep_correct_frac": ("--keep-correct-frac 0.25", 0.25, C, C, C),
-    "skip_zero_advantage": ("--skip-zero-advantage", True, C, C, C),
-    "loss": ("--loss ppo", "ppo", C, C, C),
-    "asymre_tau": ("--asymre-tau 0.2", 0.2, Only("of the asymre loss"), Only("of the asymre loss"),
-                   Only("of the asymre loss")),
-    "is_cap": ("--is-cap 3", 3.0, Only("(tis)"), Only("(tis)"), Only("(tis)")),
-    "epsilon": ("--epsilon 0.3", 0.3, Only("of the ppo loss"), Only("of the ppo loss"), Only("of the ppo loss")),
-    "normalization": ("--normalization sequence_mean", "sequence_mean", C, C, C),
-    "lr": ("--lr 5e-4", 5e-4, C, C, R),
-    "max_grad_norm": ("--max-grad-norm 0.5", 0.5, C, C, C),
-    "lora_r": ("--lora-r 8", 8, C, R, C),
-    "lora_alpha": ("--lora-alpha 16", 16, C, R, C),
-    "micro_batch_size": ("--micro-batch-size 4", 4, C, C, C),
-    "beta": ("--beta 0.05", 0.05, C, C, C),
-    "max_rounds": ("--max-rounds 3", 3, C, C, R),
-    "max_gen_tokens": ("--max-gen-tokens 1000", 1000, C, C, R),
-    "eval_every": ("--eval-every 5", 5, Only("unless --eval-every-tokens"), Only("unless --eval-every-tokens"), R),
-    "eval_every_tokens": ("--eval-every-tokens 1000", 1000, C, C, R),
-    "eval_prompts": ("--eval-prompts 50", 50, C, C, R),
-    "device": ("--device cpu", "cpu", C, C, C),
-    "progress": ("--no-progress", False, C, C, R),
-    "plot": ("--no-plot", False, C, C, C),
-    "report_to": ("--report-to tensorboard", "tensorboard", C, C, C),
-    "dtype": ("--dtype float16", "float16", C, C, C),
-    "load_in_4bit": ("--load-in-4bit", True, C, R, C),
-    "gradient_checkpointing": ("--gradient-checkpointing", True, C, C, C),
-    "fast_generation": ("--fast-generation", True, C, C, C),
-    "trust_remote_code": ("--trust-remote-code", True, C, C, C),
-    "save_every": ("--save-every 2", 2, C, C, C),
-    "keep_checkpoints": ("--keep-checkpoints 3", 3, C, C, C),
-    "resume": ("--resume {ckpt}", "{ckpt}", C, C, R),
-    "on_reward_error": ("--on-reward-error zero", "zero", C, C, C),
-    "max_skipped_steps": ("--max-skipped-steps 3", 3, C, C, C),
-}
+# Where a train.py flag's value goes: config (it reaches config.json: train.py's, or each run's in
+# compare.py), or refused (one line, exit code 2, before any model). --resume: of a run saved with
+# the defaults; compare: through compare.py --train-args, its default arms. The last column: where
+# the value acts only in some cases, the words of its --help that say which.
+TRAIN = table("""
+field                  | flag and value                 | train.py | --resume | compare | acts only
+model                  | --model my/model               | config   | refused  | refused |
+warm_start_steps       | --warm-start-steps 300         | config   | refused  | config  | tiny model only
+warm_start_seed        | --warm-start-seed 3            | config   | refused  | refused | tiny model only
+task                   | --task addition3               | config   | refused  | refused |
+reward_mode            | --reward-mode lenient          | config   | refused  | config  | GSM8K-format
+reward                 | --reward {tmp}/reward.py:exact | config   | refused  | config  |
+chat_template          | --no-chat-template             | config   | refused  | config  | when it has one
+system_prompt          | --system-prompt 'Be brief.'    | config   | refused  | config  | with the chat template
+output_dir             | --output-dir {tmp}/out         | config   | refused  | refused |
+seed                   | --seed 7                       | config   | refused  | refused |
+prompts_per_round      | --prompts-per-round 8          | config   | refused  | refused |
+num_generations        | --num-generations 4            | config   | refused  | refused |
+max_new_tokens         | --max-new-tokens 20            | config   | config   | config  |
+temperature            | --temperature 0.7              | config   | refused  | config  |
+top_p                  | --top-p 0.9                    | config   | config   | config  |
+buffer_size            | --buffer-size 512              | config   | refused  | refused |
+batch_size             | --batch-size 128               | config   | config   | refused |
+updates_per_round      | --updates-per-round 2          | config   | config   | config  |
+max_age                | --max-age 3                    | config   | config   | config  |
+reuse                  | --no-reuse                     | config   | config   | config  |
+keep_correct_frac      | --keep-correct-frac 0.25       | config   | config   | config  |
+skip_zero_advantage    | --skip-zero-advantage          | config   | config   | config  |
+loss                   | --loss ppo                     | config   | config   | config  |
+asymre_tau             | --asymre-tau 0.2               | config   | config   | config  | of the asymre loss
+is_cap                 | --is-cap 3                     | config   | config   | config  | (tis)
+epsilon                | --epsilon 0.3                  | config   | config   | config  | of the ppo loss
+normalization          | --normalization sequence_mean  | config   | config   | config  |
+lr                     | --lr 5e-4                      | config   | config   | refused |
+max_grad_norm          | --max-grad-norm 0.5            | config   | config   | config  |
+lora_r                 | --lora-r 8                     | config   | refused  | config  |
+lora_alpha             | --lora-alpha 16                | config   | refused  | config  |
+micro_batch_size       | --micro-batch-size 4           | config   | config   | config  |
+beta                   | --beta 0.05                    | config   | config   | config  |
+max_rounds             | --max-rounds 3                 | config   | config   | refused |
+max_gen_tokens         | --max-gen-tokens 1000          | config   | config   | refused |
+eval_every             | --eval-every 5                 | config   | config   | refused | unless --eval-every-tokens
+eval_every_tokens      | --eval-every-tokens 1000       | config   | config   | refused |
+eval_prompts           | --eval-prompts 50              | config   | config   | refused |
+device                 | --device cpu                   | config   | config   | config  |
+progress               | --no-progress                  | config   | config   | refused |
+plot                   | --no-plot                      | config   | config   | config  |
+report_to              | --report-to tensorboard        | config   | config   | config  |
+dtype                  | --dtype float16                | config   | config   | config  |
+load_in_4bit           | --load-in-4bit                 | config   | refused  | config  |
+gradient_checkpointing | --gradient-checkpointing       | config   | config   | config  |
+fast_generation        | --fast-generation              | config   | config   | config  |
+trust_remote_code      | --trust-remote-code            | config   | config   | config  |
+save_every             | --save-every 2                 | config   | config   | config  |
+keep_checkpoints       | --keep-checkpoints 3           | config   | config   | config  |
+resume                 | --resume {ckpt}                | config   | config   | refused |
+on_reward_error        | --on-reward-error zero         | config   | config   | config  |
+max_skipped_steps      | --max-skipped-steps 3          | config   | config   | config  |
+""")
 CONTEXTS = ("train.py", "train.py --resume", "compare.py --train-args")
 
 # compare.py's own flags: cases (flags, then a check of what it wrote, or REFUSED). w.summary:
@@ -119,15 +121,15 @@ COMPARE = {
     "lr": [("--lr 2e-3", lambda w: w.each("lr") == {2e-3} and set(w.summary["lr"].values()) == {2e-3})],
     "sweep_lr": [("--sweep-lr 5e-4 2e-3",
                   lambda w: w.each("lr") == {5e-4, 2e-3} and w.summary["lr_chosen_by"] == "sweep"),
-                 ("--sweep-lr", R)],
+                 ("--sweep-lr", REFUSED)],
     "sweep_seeds": [("--sweep-lr 1e-3 --sweep-seeds 3",
                      lambda w: w.summary["lr_sweep"]["seeds"] == [1000, 1001, 1002]),
-                    ("--sweep-seeds 3", R)],
+                    ("--sweep-seeds 3", REFUSED)],
     "arms": [("--arms on_policy control", lambda w: set(w.summary["arms"]) == {"on_policy", "control"})],
     "keep_correct_frac": [("--arms on_policy replay_pbr --keep-correct-frac 0.4",
                            lambda w: {c.keep_correct_frac for c in w.arm("replay_pbr")} == {0.4}),
-                          ("--keep-correct-frac 0.4", R)],
-    "mu": [("--mu 3 5", lambda w: w.summary["projected_at_mu"] == [3.0, 5.0]), ("--mu", R)],
+                          ("--keep-correct-frac 0.4", REFUSED)],
+    "mu": [("--mu 3 5", lambda w: w.summary["projected_at_mu"] == [3.0, 5.0]), ("--mu", REFUSED)],
     "bootstrap": [("--bootstrap 20", lambda w: "(20 resamples)" in w.summary["intervals"])],
     "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9)],
     "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
@@ -138,7 +140,7 @@ COMPARE = {
     "task": [("--task addition3",
               lambda w: w.each("task") == {"addition3"} and {b[0] for b in w.builds} == {"addition3"})],
     "quick": [("--quick", lambda w: w.summary["budget_tokens"] == 5_000 and w.each("eval_prompts") == {100})],
-    "train_args": "TRAIN's last column",
+    "train_args": "each train.py flag: TRAIN's compare column",
 }
 COMPARE_BASE = ["--seeds", "1", "--evals", "3", "--bootstrap", "10", "--jobs", "1"]   # small; the cases override
 
@@ -151,7 +153,7 @@ EVALUATE = {
     "eval_prompts": [("{run} --eval-prompts 7", lambda w: w.eval["eval_prompts"] == 7)],
     "num_generations": [("{run} --num-generations 4", lambda w: w.eval["num_generations"] == 4 and "pass@4" in w.eval)],
     "temperature": [("{run} --num-generations 4 --temperature 0.7", lambda w: w.eval["temperature"] == 0.7),
-                    ("{run} --temperature 0.7", R)],
+                    ("{run} --temperature 0.7", REFUSED)],
     "output": [("{run} --output {tmp}/scores.json", lambda w: w.eval_path == f"{w.tmp}/scores.json")],
     "device": [("{run} --device mps", lambda w: w.eval["device"] == "mps")],
 }
@@ -183,8 +185,8 @@ def test_every_flag_has_a_line_and_every_line_a_flag():
                                ("evaluate.py", EVALUATE_FLAGS, EVALUATE), ("minimal.main", MINIMAL_ARGS, MINIMAL)):
         assert set(found) == set(table), (name, "no line:", sorted(set(found) - set(table)),
                                           "no flag:", sorted(set(table) - set(found)))
-    for dest, line in TRAIN.items():        # each line gives its own flag (--x or --no-x)
-        assert line[0].split()[0] in (TRAIN_FLAGS[dest], TRAIN_FLAGS[dest].replace("--", "--no-", 1)), dest
+    for dest, (text, *_) in TRAIN.items():      # each line gives its own flag (--x or --no-x)
+        assert text.split()[0] in (TRAIN_FLAGS[dest], TRAIN_FLAGS[dest].replace("--", "--no-", 1)), dest
     for table, found in ((COMPARE, COMPARE_FLAGS), (EVALUATE, EVALUATE_FLAGS)):
         for dest, cases in table.items():
             assert isinstance(cases, str) or all(dest == "path" or found[dest] in text.split() for text, _ in cases)
@@ -243,11 +245,12 @@ def assert_refused(call, flag: str, capsys, *nothing_done):
 @pytest.mark.parametrize("dest", sorted(TRAIN_FLAGS))
 def test_a_train_flag_reaches_the_config_or_is_refused(dest, context, world, capsys, request):
     assert dest in TRAIN, f"{TRAIN_FLAGS[dest]}: no line in TRAIN (tests/test_flags.py); add one"
-    text, value, *lines = TRAIN[dest]
-    line, value = lines[CONTEXTS.index(context)], world.fill(value) if isinstance(value, str) else value
-    flag = "--" + dest.replace("_", "-")
-    if isinstance(line, Only):
-        assert line in TRAIN_HELP[dest], f"{flag}: its --help should say where it acts ({line!r})"
+    text, lines, only = TRAIN[dest]
+    line, flag = lines[CONTEXTS.index(context)], "--" + dest.replace("_", "-")
+    assert line in (CONFIG, REFUSED), (dest, line)
+    assert only in TRAIN_HELP[dest], f"{flag}: its --help should say where it acts ({only!r})"
+    argv = shlex.split(world.fill(text))
+    value = vars(cli.build_parser(train.Config, explicit_only=True).parse_args(argv))[dest]   # as typed
     if context == "compare.py --train-args":
         runs = request.getfixturevalue("compare_runs")
         call = lambda: compare.main(["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE
@@ -257,7 +260,6 @@ def test_a_train_flag_reaches_the_config_or_is_refused(dest, context, world, cap
         call()
         assert len(runs.runs) == len(compare.ARMS) and {getattr(c, dest) for _, c in runs.runs} == {value}
         return
-    argv = shlex.split(world.fill(text))
     if context == "train.py --resume":
         argv = ["--resume", world.fill("{run}")] + argv
     if line == REFUSED:
@@ -272,7 +274,7 @@ def test_a_train_flag_reaches_the_config_or_is_refused(dest, context, world, cap
 def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, world, compare_runs, capsys):
     assert dest in COMPARE, f"compare.py {dest}: no line in COMPARE (tests/test_flags.py); add one"
     if isinstance(COMPARE[dest], str):
-        return                                      # --train-args: test_a_train_flag_... above
+        return                                      # --train-args: test_a_train_flag_reaches_the_config_...
     for text, check in COMPARE[dest]:
         compare_runs.runs.clear(), compare_runs.builds.clear()
         argv = ["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE + shlex.split(world.fill(text))
