@@ -262,8 +262,10 @@ def run_train(argv: list[str], out: str) -> None:
         json.dump(argv, f)
 
 
-# Flags whose default --quick changes (None: not given). Given flags keep their value.
-DEFAULTS = dict(budget_tokens=450_000, seeds=5, eval_prompts=500, evals=15, bootstrap=2000)
+# Defaults of the flags whose parser default is None ("not given"): some apply only with another
+# flag, some --quick changes. A flag given keeps its value.
+DEFAULTS = dict(budget_tokens=450_000, seeds=5, eval_prompts=500, evals=15, bootstrap=2000, sweep_seeds=2,
+                keep_correct_frac=0.3)
 QUICK = dict(budget_tokens=5_000, seeds=2, eval_prompts=100, evals=4, bootstrap=200)
 # train.py flags that --train-args may not hold although compare.py does not set them: why
 NOT_PASSED = {"resume": "compare.py starts its own runs",
@@ -317,9 +319,14 @@ def parse(argv=None) -> argparse.Namespace:
     line, before any model is built or run."""
     p = build_parser()
     args = p.parse_args(argv)
+    if args.sweep_seeds is not None and not args.sweep_lr:
+        p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
+    if args.keep_correct_frac is not None and "replay_pbr" not in args.arms:
+        p.error(f"--keep-correct-frac {args.keep_correct_frac}: the delta of the replay_pbr arm, which "
+                "--arms does not run")
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else default)
+            setattr(args, name, QUICK.get(name, default) if args.quick else default)
     if args.quick:      # one model: no warm starts to build
         args.one_model = True
     if "on_policy" not in args.arms:
@@ -332,15 +339,8 @@ def parse(argv=None) -> argparse.Namespace:
                     f"= {y * args.num_generations}")
     if not 0 < args.target_frac <= 1:
         p.error(f"--target-frac {args.target_frac}: must be in (0, 1]")
-    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or (args.sweep_seeds or 1) < 1:
+    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
         p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
-    if args.sweep_seeds is not None and not args.sweep_lr:
-        p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
-    args.sweep_seeds = args.sweep_seeds or 2
-    if args.keep_correct_frac is not None and "replay_pbr" not in args.arms:
-        p.error(f"--keep-correct-frac {args.keep_correct_frac}: the delta of the replay_pbr arm, which "
-                "--arms does not run")
-    args.keep_correct_frac = 0.3 if args.keep_correct_frac is None else args.keep_correct_frac
     if args.sweep_lr and args.one_model and args.model == "tiny":
         p.error(f"--sweep-lr with {'--quick (one model)' if args.quick else '--one-model'}: the sweep's "
                 "replicates would start from the reported runs' model, so it would not be held out")
