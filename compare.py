@@ -230,9 +230,10 @@ def load_cost(path: str) -> dict:
     it was measured on."""
     try:
         cost = json.load(open(path))
-        training = [[p["B"], p["seconds"]] for p in cost["training"]]
-        curves = {mode: {"generation": [[p["R"], p["seconds"]] for p in points], "training": training}
-                  for mode, points in cost["generation"].items() if points}
+        # points that did not fit or were skipped carry no seconds: the curve ends before them
+        training = [[p["B"], p["seconds"]] for p in cost["training"] if "seconds" in p]
+        curves = {mode: {"generation": [[p["R"], p["seconds"]] for p in points if "seconds" in p], "training": training}
+                  for mode, points in cost["generation"].items() if any("seconds" in p for p in points)}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CompareError(f"--cost {path}: not a cost file of benchmarks/cost.py ({type(e).__name__}: {e})")
     if not curves or not training:

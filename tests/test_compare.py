@@ -128,6 +128,12 @@ def test_the_cost_curve_is_interpolated_linearly_and_refused_outside_its_range(t
     path = cost_file(tmp_path / "c.json", lambda R: 1.0, lambda B: 1.0, sizes=(64, 128))
     with pytest.raises(SystemExit):
         compare.main(["--output-dir", str(tmp_path / "o"), "--batch-size", "64", "--cost", path])
+    # a point that did not fit in memory ends the curve before it
+    oom = json.loads(open(path).read())
+    oom["generation"]["plain"].append({"R": 256, "error": "out of memory"})
+    (tmp_path / "oom.json").write_text(json.dumps(oom))
+    with pytest.raises(compare.CompareError, match="R = 256 is outside the cost curve's range 64..128"):
+        compare.unit_costs(compare.load_cost(str(tmp_path / "oom.json")), {"on_policy": (256, 128)})
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(compare.CompareError, match="not a cost file"):
         compare.load_cost(str(tmp_path / "bad.json"))
