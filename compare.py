@@ -679,7 +679,11 @@ def print_table(s: dict) -> None:
               + f"{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
 
     def ratios(p: dict) -> str:
-        proj = "".join(f"; projected time ({u}) x{fmt_ci(v['ratio'], v['ci'])}" for u, v in p["projected_time_ratio"].items())
+        lo, hi = p["time_ratio_ci"]
+        inside = lambda r: "" if r is None or lo is None else (     # a curve of the machine that ran it should agree
+            " (inside the measured interval)" if lo <= r <= (math.inf if hi is None else hi) else " (OUTSIDE the measured interval)")
+        proj = "".join(f"; projected time ({u}) x{fmt_ci(v['ratio'], v['ci'])}{inside(v['ratio'])}"
+                       for u, v in p["projected_time_ratio"].items())
         return (f"tokens to target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
                 f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{proj}; final accuracy "
                 f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}; entropy "

@@ -394,6 +394,8 @@ def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
     answer = compare.main(["--summary", str(path), "--cost", flat])
     out = capsys.readouterr().out
     assert "task addition, model tiny" in out and "plain generation): on_policy reaches the target first" in out
+    # measured, every arm took 3 s; the flat curve projects replay at 2x on-policy: the check says they disagree
+    assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (OUTSIDE the measured" in out
     on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
     assert answer["plain"]["fastest"] == "on_policy" and answer["plain"]["seconds"] == pytest.approx(on)
     # on-policy's time / each other arm's, point [interval]: identical replicates, no spread
