@@ -2,6 +2,8 @@
 
     python compare.py --output-dir runs/compare            # 3 arms x 5 seeds, two runs side by side
     python compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
+    python benchmarks/cost.py --output cost.json           # this machine's cost of a round, then:
+    python compare.py --summary runs/compare/summary.json --cost cost.json   # which arm is first here?
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
     on_policy   R = B fresh rollouts per update, N = B: each rollout used once, right away
@@ -9,35 +11,55 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 each update mixes the newest R rollouts with y-1 older rounds; each rollout used y times
     control     on-policy with R = B = N = B/y: as many updates per generated token as replay,
                 with no reuse; it separates "reuse" from "more, smaller updates"
-  optional (--arms): replay_y3 (the replay arm with y = 3), replay_pbr (positive-bias retention),
+  optional (--arms): replay_y3 (the replay arm with y = 3), replay_y4 and control_y4 (y = 4, N = 4R,
+                and its control R = B = N = B/4), replay_pbr (positive-bias retention),
                 replay_nonzero (only rollouts with a non-zero advantage are kept), replay_ppo (the
                 clipped loss), replay_asymre (AsymRE), replay_cap1 and replay_cap4 (the replay arm
                 with the importance weight truncated at C = 1 or 4 instead of 2),
                 control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
+  Each replay arm's control (control_of): replay_y4 -> control_y4, replay_nonzero -> control_nonzero,
+  replay_y3 -> none, every other replay arm -> control (same R and B as replay).
 
 Reading the runs. Every run evaluates when its generated tokens cross the same thresholds, so the
 runs of an arm line up (a round that would leave one eval standing for two thresholds is refused);
 an arm's curve is the mean over its replicates. Replicate i starts from warm-start seed i of the
 demo model with RL seed i (--one-model: all from the shipped model, only the RL seed varies).
 Smoothed accuracy at an eval = the median of it and its two neighbours. An arm *reaches* the target
-at the first eval from which its smoothed accuracy stays at or above the target until the end of
+at the first eval i from which its smoothed accuracy stays at or above the target until the end of
 the run; the target is the on-policy arm's final accuracy, the median of its last three evals (so
 it always reaches its own target), or with --target-frac f < 1 its start plus f of its gain (a
 point on the rise of a curve that saturates). One lucky eval, or a lucky last one, never counts.
-Intervals: 90% bootstrap over replicates, each arm's replicate drawn with on-policy's replicate of
-the same model (pairs), the target recomputed, --bootstrap times. --sweep-lr picks each arm's lr on
---sweep-seeds replicates of their own (seeds 1000, ...: their own warm starts and RL seeds), not on
-the reported ones; so not with --one-model, and with a real --model only the RL seed is held out
-(summary.json says so).
+The crossing is then placed between eval i-1 and eval i, linearly in the smoothed accuracy s:
+f = (target - s[i-1]) / (s[i] - s[i-1]), and tokens, seconds, rounds and steps to the target are
+x[i-1] + f (x[i] - x[i-1]) each (not the eval grid's step). Each replicate's own reach point is kept
+in summary.json, with its run (the curves at the evals), so a summary can be read again (--summary).
+
+Intervals: 90% bootstrap over replicates, --bootstrap draws. A draw takes replicate i of every arm
+together (they start from the same model with the same seed), recomputes the target and every arm's
+reach, and takes each ratio within the draw: replay against on-policy, and replay against its own
+control (paired: replay i with control i), never a ratio of two intervals. not reached counts as inf.
+--sweep-lr picks each arm's lr on --sweep-seeds replicates of their own (seeds 1000, ...: their own
+warm starts and RL seeds), not on the reported ones; so not with --one-model, and with a real
+--model only the RL seed is held out (summary.json says so).
 Every train.py flag compare.py sets for a run (the arm's, the replicate's, the lr, the budget, the
 evals) is its own to set: --train-args holding one is refused, as are unknown flags.
 
-Cost model. Let mu = (generation seconds per rollout) / (training seconds per rollout). In units
-of one training rollout, a run costs mu * (rollouts generated) + (rollouts trained). Replay saves
-generated rollouts but adds trained ones, so it pays in wall time only when mu > break-even =
-(extra trained rollouts) / (saved generated rollouts), both counted up to the target. --mu projects
-each arm's time to the target at other costs of generation (a GPU's: 8-27) from the runs' counts.
+Time, two ways. (a) Measured: the seconds of generation + training in the runs' logs (evals
+excluded; --jobs runs side by side, one thread each), to the target, with intervals, in every table.
+(b) Projected on a cost curve (--cost, from benchmarks/cost.py on the machine of interest):
+    projected seconds = rounds to target x gen(R of the arm) + steps to target x train(B of the arm),
+gen and train interpolated linearly between the curve's measured sizes (a round's time is close to
+a fixed cost per call plus a cost per rollout between neighbouring sizes; linear interpolation is
+exact for any such affine curve, log-log only for a power law). An arm whose R or B lies outside
+the curve is refused, not extrapolated. A linear curve (gen = a R, train = b B) gives the old model's
+projection mu * generated + trained with mu = a / b; a flat generation curve favours big rounds.
+mu = (generation seconds per rollout) / (training seconds per rollout) on the on-policy runs is
+printed as a summary figure only. --summary FILE [--cost FILE]: no runs; the summary's arms read
+again, and which arm reaches the target first, measured and projected, by how much (paired
+intervals). --records DIR: each finished run's compact record (its eval rows, entropy tail, config
+and flags; no checkpoints) as DIR/<arm>/seed<i>.json; a run whose record is there with the same flags
+is read from it, not run again, so a comparison resumes from a folder committed to the repository.
 """
 from __future__ import annotations
 
@@ -51,6 +73,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,19 +82,18 @@ import train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_y3", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre", "replay_cap1",
-                 "replay_cap4", "control_nonzero")
-GPU_MU = (8.0, 27.0)            # measured on a lent H200, 0.5B-shaped model (train.py runs / bench.py)
+OPTIONAL_ARMS = ("replay_y3", "replay_y4", "control_y4", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre",
+                 "replay_cap1", "replay_cap4", "control_nonzero")
+FIXED_Y = {"replay_y3": 3, "replay_y4": 4, "control_y4": 4}     # arms whose y is their own, whatever --replay-ratio
 
 
 def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
     """train.py flags that define an arm: prompts per round P (R = P*G), buffer N, batch B, extras."""
+    y = FIXED_Y.get(arm, y)
     if arm == "on_policy":
         P, N, B = batch // G, batch, batch
-    elif arm == "control":
+    elif arm in ("control", "control_y4"):
         P, N, B = batch // (y * G), batch // y, batch // y
-    elif arm == "replay_y3":                # replay with each rollout used 3 times, whatever --replay-ratio
-        P, N, B = batch // (3 * G), batch, batch
     elif arm == "control_nonzero":          # a queue of kept rollouts, each used once: no eviction before use
         P, N, B = batch // (y * G), batch + batch // y, batch
     else:
@@ -88,33 +110,50 @@ class CompareError(ValueError):
 
 
 # ---- one run, read back ------------------------------------------------------------------
-def read_run(run_dir: str, grid: list[float]) -> dict:
-    """A run's evals at the grid of token thresholds (at each g: its first eval with generated
-    tokens >= g), with the exact counts of rollouts generated (rounds x R) and trained (steps x B)."""
+X_KEYS = ("tokens", "seconds", "rounds", "steps")          # where a run is, at an eval
+EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "eval_accuracy")
+
+
+def run_record(run_dir: str) -> dict:
+    """The compact record of a finished run (a few KB): its config, its eval rows, the entropy of its
+    last 5% of steps and its final counters; all that read_record needs, none of its checkpoints."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
-    R, B = cfg["prompts_per_round"] * cfg["num_generations"], cfg["batch_size"]
     steps = [r for r in rows if "eval_accuracy" not in r]
-    evals = [r for r in rows if "eval_accuracy" in r]
+    tail = steps[-max(1, len(steps) // 20):]                # entropy: the last 5% of steps
+    return {"config": cfg, "evals": [{k: r[k] for k in EVAL_KEYS} for r in rows if "eval_accuracy" in r],
+            "entropy_tail": [r["rollout_entropy"] for r in tail],
+            "last": {k: rows[-1][k] for k in ("round", "step", "gen_seconds", "train_seconds")}}
+
+
+def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
+    """A run's evals at the grid of token thresholds (at each g: its first eval with generated tokens
+    >= g): accuracy, tokens, seconds (generation + training), rounds and steps, with its round size R
+    and batch B (rollouts generated = rounds x R, trained = steps x B)."""
+    cfg, evals, last = record["config"], record["evals"], record["last"]
+    R, B = cfg["prompts_per_round"] * cfg["num_generations"], cfg["batch_size"]
     picks = [next(r for r in evals if r["gen_tokens"] >= g) for g in grid]
     for a, b, g in zip(picks, picks[1:], grid[1:]):
         if a is b:      # one eval would count twice in the smoothing (a lucky one could set the target)
-            raise CompareError(f"{run_dir}: the eval at {a['gen_tokens']:,} tokens stands for the grid points "
+            raise CompareError(f"{name}: the eval at {a['gen_tokens']:,} tokens stands for the grid points "
                                f"below and at {g:,}: one round generated more tokens than the eval interval "
                                f"({grid[1] - grid[0]:,}); raise --budget-tokens or lower --evals")
-    tail = steps[-max(1, len(steps) // 20):]             # entropy: mean over the last 5% of steps
-    last = rows[-1]                                      # every line carries the cumulative counters
+    tail = record["entropy_tail"]
     return {
         "tokens": [r["gen_tokens"] for r in picks],
         "seconds": [r["gen_seconds"] + r["train_seconds"] for r in picks],
-        "generated": [r["round"] * R for r in picks],
-        "trained": [r["step"] * B for r in picks],
+        "rounds": [r["round"] for r in picks], "steps": [r["step"] for r in picks],
         "accuracy": [r["eval_accuracy"] for r in picks],
-        "entropy": statistics.mean(r["rollout_entropy"] for r in tail) if tail else float("nan"),
+        "entropy": statistics.mean(tail) if tail else float("nan"), "R": R, "B": B,
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
     }
+
+
+def read_run(run_dir: str, grid: list[float]) -> dict:
+    """read_record of a run folder (the same figures as from its record)."""
+    return read_record(run_record(run_dir), grid, run_dir)
 
 
 # ---- reaching the target -------------------------------------------------------------------
@@ -123,46 +162,41 @@ def final_accuracy(accs: list[float]) -> float:
     return statistics.median(accs[-3:])
 
 
+def smoothed(accs: list[float], i: int) -> float:
+    """The median of eval i and its two neighbours (the first and last evals: themselves)."""
+    return statistics.median(accs[i - 1:i + 2]) if 0 < i < len(accs) - 1 else accs[i]
+
+
 def reach_index(accs: list[float], target: float) -> int | None:
     """Index of the first eval from which the smoothed accuracy (median of the eval and its two
     neighbours) stays >= target to the end of the run; None if it never does. Only evals with two
     neighbours are smoothed, so the last one counts only within the median of the last three."""
     held = None
     for i in range(len(accs) - 2, 0, -1):                # from the last smoothed point backwards
-        if statistics.median(accs[i - 1:i + 2]) < target - 1e-9:
+        if smoothed(accs, i) < target - 1e-9:
             break
         held = i
     return held
 
 
+def reach_point(curve: dict, target: float) -> dict | None:
+    """Where a curve (accuracy and X_KEYS at each eval) crosses the target: between the eval before
+    the reach (i - 1) and the reach i, linearly in the smoothed accuracy s: each x at
+        x[i-1] + f * (x[i] - x[i-1]),   f = (target - s[i-1]) / (s[i] - s[i-1])
+    (tokens, seconds, rounds and steps alike); f = 1 (the reach eval itself) when s[i-1] is not below
+    the target (a curve that starts above it). None: the curve does not reach."""
+    accs = curve["accuracy"]
+    i = reach_index(accs, target)
+    if i is None:
+        return None
+    before, at = smoothed(accs, i - 1), smoothed(accs, i)
+    f = (target - before) / (at - before) if before < target < at else 1.0
+    return {k: curve[k][i - 1] + f * (curve[k][i] - curve[k][i - 1]) for k in X_KEYS}
+
+
 def mean_curve(runs: list[dict]) -> dict[str, list[float]]:
-    keys = ("tokens", "seconds", "generated", "trained", "accuracy")
-    return {k: [statistics.fmean(r[k][j] for r in runs) for j in range(len(runs[0][k]))] for k in keys}
-
-
-def to_target(runs: list[dict], target: float) -> dict | None:
-    """Tokens, seconds, generated and trained rollouts at the arm's reach of the target (mean curve)."""
-    curve = mean_curve(runs)
-    i = reach_index(curve["accuracy"], target)
-    return None if i is None else {k: curve[k][i] for k in ("tokens", "seconds", "generated", "trained")}
-
-
-def break_even_mu(gen_on: float, trained_on: float, gen_replay: float, trained_replay: float) -> float | None:
-    """The mu above which replay costs less to reach the target, in the cost model
-    cost = mu * (rollouts generated) + (rollouts trained):
-        mu * gen_replay + trained_replay < mu * gen_on + trained_on
-        <=>  mu > (trained_replay - trained_on) / (gen_on - gen_replay)   when replay generates less.
-    0.0: replay is cheaper at any mu. None: replay generated no less, so a costlier generation only
-    favours on-policy (if replay also trained less, it is cheaper below (extra / saved) only)."""
-    saved, extra = gen_on - gen_replay, trained_replay - trained_on
-    if saved > 0:
-        return max(extra / saved, 0.0)
-    return 0.0 if saved == 0 and extra < 0 else None
-
-
-def projected_cost(point: dict, mu: float) -> float:
-    """Time to the target in units of one trained rollout, at generation cost mu."""
-    return mu * point["generated"] + point["trained"]
+    return {k: [statistics.fmean(r[k][j] for r in runs) for j in range(len(runs[0][k]))]
+            for k in ("accuracy", *X_KEYS)}
 
 
 def target_accuracy(on: list[dict], frac: float = 1.0) -> float:
@@ -174,38 +208,121 @@ def target_accuracy(on: list[dict], frac: float = 1.0) -> float:
     return min(accs[0] + frac * (final - accs[0]), final)     # a falling curve: its final accuracy
 
 
-def compare_arm(arm: list[dict], on: list[dict], mus: list[float], frac: float = 1.0) -> dict:
-    """Point figures of one arm against on_policy: token ratio, measured time ratio, projected
-    time ratios at each mu, final accuracy and entropy differences (inf: the arm did not reach)."""
-    target = target_accuracy(on, frac)
-    a, o = to_target(arm, target), to_target(on, target)
-    ratio = (lambda k: a[k] / o[k]) if a else (lambda k: math.inf)
-    return {"token_ratio": ratio("tokens"), "time_ratio": ratio("seconds"),
-            "projected": {mu: (projected_cost(a, mu) / projected_cost(o, mu)) if a else math.inf for mu in mus},
-            "accuracy_diff": (final_accuracy(mean_curve(arm)["accuracy"])
-                              - final_accuracy(mean_curve(on)["accuracy"])),
-            "entropy_diff": statistics.fmean(r["entropy"] for r in arm) - statistics.fmean(r["entropy"] for r in on)}
+def control_of(arm: str) -> str | None:
+    """The arm a replay arm is compared with directly: on-policy with the same R and as many updates
+    per generated token (R = B = N = B/y), no reuse; the filtered replay arm's is the same filter
+    with no reuse. None: no control (replay_y3)."""
+    special = {"replay_y3": None, "replay_y4": "control_y4", "replay_nonzero": "control_nonzero"}
+    return special[arm] if arm in special else "control" if arm.startswith("replay") else None
 
 
-def bootstrap(arm: list[dict], on: list[dict], mus: list[float], n: int, seed: int = 0,
-              frac: float = 1.0) -> dict:
-    """90% percentile intervals of compare_arm's figures, resampling replicates with replacement.
-    Replicate i of the arm and of on_policy start from the same model and seed, so they are drawn
-    together (pairs): the interval covers the spread across starting models, not only RL seeds."""
+# ---- time from a cost curve (benchmarks/cost.py) --------------------------------------------
+def interpolate(points: list[list[float]], x: float, what: str) -> float:
+    """y at x on measured points [(x, y), ...]: linear between the two around x, exact at a point.
+    Linear in x, not log-log: a round's time is a fixed cost per call plus a cost per rollout, close
+    to affine between neighbouring sizes, and linear interpolation is exact for any affine curve
+    (log-log only for a power law). Outside the measured range: refused, not extrapolated."""
+    points = sorted(points)
+    if not points[0][0] <= x <= points[-1][0]:
+        raise CompareError(f"{what} {x:g} is outside the cost curve's range {points[0][0]:g}..{points[-1][0]:g}: "
+                           f"measure it (benchmarks/cost.py --sizes ...)")
+    for (x0, y0), (x1, y1) in zip(points, points[1:] + [points[-1]]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+
+
+def load_cost(path: str) -> dict:
+    """A cost file of benchmarks/cost.py: its curves {generation mode: {"generation": [[R, seconds of
+    one round's generation], ...], "training": [[B, seconds of one optimizer step], ...]}} and what
+    it was measured on."""
+    try:
+        cost = json.load(open(path))
+        # points that did not fit or were skipped carry no seconds: the curve ends before them
+        training = [[p["B"], p["seconds"]] for p in cost["training"] if "seconds" in p]
+        curves = {mode: {"generation": [[p["R"], p["seconds"]] for p in points if "seconds" in p], "training": training}
+                  for mode, points in cost["generation"].items() if any("seconds" in p for p in points)}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CompareError(f"--cost {path}: not a cost file of benchmarks/cost.py ({type(e).__name__}: {e})")
+    if not curves or not training:
+        raise CompareError(f"--cost {path}: no measured points")
+    about = {k: cost.get(k) for k in ("device", "dtype", "threads", "conditions", "model", "task", "max_new_tokens",
+                                      "torch", "transformers")}
+    return {"file": path, "curves": curves, "about": about,
+            "interpolation": "linear in R and in B between the measured points; refused outside them"}
+
+
+def unit_costs(cost: dict | None, sizes: dict[str, tuple[int, int]]) -> dict:
+    """{curve: {arm: (seconds per round at the arm's R, seconds per step at its B)}}; sizes: {arm:
+    (R, B)}. Refuses (CompareError) an R or B outside a curve's range."""
+    if not cost:
+        return {}
+    return {name: {arm: (interpolate(c["generation"], R, f"{arm}: R ="), interpolate(c["training"], B, f"{arm}: B ="))
+                   for arm, (R, B) in sizes.items()} for name, c in cost["curves"].items()}
+
+
+# ---- the figures of one set of replicates, and their intervals -------------------------------
+def ratio(a: float, b: float) -> float:
+    """a / b of two amounts to the target (inf: not reached): inf when a is not reached, 0 when only b."""
+    return math.inf if math.isinf(a) else 0.0 if math.isinf(b) else a / b
+
+
+def default_pairs(arms) -> list[tuple[str, str]]:
+    """Every arm against on-policy, and every replay arm against its control (when it ran)."""
+    return ([(a, "on_policy") for a in arms if a != "on_policy"]
+            + [(a, control_of(a)) for a in arms if control_of(a) in arms])
+
+
+def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | None = None,
+            pairs: list[tuple[str, str]] | None = None) -> dict:
+    """The figures of one set of replicates (results[arm][i]: replicate i, which starts from model i in
+    every arm): the target (from on_policy), each arm's reach of it on its mean curve (tokens, seconds,
+    rounds, steps; inf: not reached), its time projected on each cost curve
+        projected = rounds to target x gen(R) + steps to target x train(B),
+    its final accuracy and entropy; and for each pair (arm, reference) the ratios arm / reference of
+    tokens, measured seconds and projected seconds to the target, and the accuracy and entropy
+    differences: out["arms"][arm]["vs"][reference]."""
+    units = units or {}
+    target = target_accuracy(results["on_policy"], frac)
+    arms = {}
+    for name, runs in results.items():
+        curve = mean_curve(runs)
+        point = reach_point(curve, target) or dict.fromkeys(X_KEYS, math.inf)
+        point["projected"] = {c: point["rounds"] * u[name][0] + point["steps"] * u[name][1] for c, u in units.items()}
+        arms[name] = {**point, "final_accuracy": final_accuracy(curve["accuracy"]),
+                      "entropy": statistics.fmean(r["entropy"] for r in runs), "vs": {}}
+    for name, ref in default_pairs(results) if pairs is None else pairs:
+        a, o = arms[name], arms[ref]
+        a["vs"][ref] = {"token_ratio": ratio(a["tokens"], o["tokens"]), "time_ratio": ratio(a["seconds"], o["seconds"]),
+                        "projected_ratio": {c: ratio(a["projected"][c], o["projected"][c]) for c in units},
+                        "accuracy_diff": a["final_accuracy"] - o["final_accuracy"],
+                        "entropy_diff": a["entropy"] - o["entropy"]}
+    return {"target": target, "arms": arms}
+
+
+def intervals(draws: list) -> list | dict:
+    """The 90% percentile interval [lo, hi] of every figure over the draws, nested as one draw is."""
+    if isinstance(draws[0], dict):
+        return {k: intervals([d[k] for d in draws]) for k in draws[0]}
+    values = sorted(draws)
+    n = len(values)
+    return [values[int(0.05 * (n - 1))], values[int(math.ceil(0.95 * (n - 1)))]]
+
+
+def bootstrap(results: dict[str, list[dict]], n: int, seed: int = 0, frac: float = 1.0, units: dict | None = None,
+              pairs: list[tuple[str, str]] | None = None) -> dict:
+    """90% intervals of figures(), resampling replicates with replacement. Replicate i of every arm
+    starts from the same model with the same seed, so a draw takes the same replicates in every arm
+    (replay i with control i and on-policy i): the target is recomputed and every ratio is taken
+    within the draw, never as a ratio of two intervals. Also each arm's not_reached_frac."""
     rng = random.Random(seed)
-    pairs = list(zip(arm, on))
-
-    def draw() -> dict:
-        sample = rng.choices(pairs, k=len(pairs))
-        return compare_arm([a for a, _ in sample], [o for _, o in sample], mus, frac)
-    draws = [draw() for _ in range(n)]
-
-    def interval(values: list[float]) -> list[float]:
-        values = sorted(values)
-        return [values[int(0.05 * (n - 1))], values[int(math.ceil(0.95 * (n - 1)))]]
-    out = {k: interval([d[k] for d in draws]) for k in ("token_ratio", "time_ratio", "accuracy_diff", "entropy_diff")}
-    out["projected"] = {mu: interval([d["projected"][mu] for d in draws]) for mu in mus}
-    out["not_reached_frac"] = sum(math.isinf(d["token_ratio"]) for d in draws) / n
+    k = len(results["on_policy"])
+    draws = []
+    for _ in range(n):
+        idx = rng.choices(range(k), k=k)
+        draws.append(figures({a: [runs[i] for i in idx] for a, runs in results.items()}, frac, units, pairs))
+    out = intervals(draws)
+    for a in results:
+        out["arms"][a]["not_reached_frac"] = sum(math.isinf(d["arms"][a]["tokens"]) for d in draws) / n
     return out
 
 
@@ -240,6 +357,29 @@ def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0)
     subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
                     "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL)
+
+
+def record_argv(argv: list[str]) -> list[str]:
+    """A run's flags without its output folder: a record stands for the run on any machine."""
+    i = argv.index("--output-dir")
+    return argv[:i] + argv[i + 2:]
+
+
+def load_record(path: str, argv: list[str]) -> dict | None:
+    """The record at path if it is of a run with these flags (else None: the run is due)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        record = json.load(f)
+    return record if record.get("argv") == record_argv(argv) else None
+
+
+def save_record(path: str, record: dict) -> None:
+    """Written whole or not at all (a temporary file, then renamed)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def run_train(argv: list[str], out: str) -> None:
@@ -295,9 +435,14 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
     p.add_argument("--keep-correct-frac", type=float,
                    help="delta of the positive-bias retention arm (with --arms ... replay_pbr; default 0.3)")
-    p.add_argument("--mu", type=float, nargs="+", default=None,
-                   help="costs of generation (seconds per generated / per trained rollout) to project each arm's "
-                        f"time to the target at; default: this machine's measured mu and {GPU_MU[0]:g}, {GPU_MU[1]:g}")
+    p.add_argument("--cost", default="", help="a cost curve (JSON of benchmarks/cost.py): each arm's time to the target "
+                                             "projected on it, rounds x gen(R) + steps x train(B), with intervals")
+    p.add_argument("--summary", default="", help="run nothing: read this summary.json of compare.py (with --cost: "
+                                                "on that machine) and answer which arm reaches the target first, "
+                                                "and by how much")
+    p.add_argument("--records", default="", help="a folder (e.g. under docs/results/) for one compact record per "
+                                                "finished run (JSON, a few KB): a run whose record is there with the "
+                                                "same flags is read from it, not run again")
     p.add_argument("--bootstrap", type=int, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--target-frac", type=float, default=1.0,
                    help="the target: on-policy's start + this part of its gain (1: its final accuracy; 0.9 "
@@ -319,6 +464,8 @@ def parse(argv=None) -> argparse.Namespace:
     line, before any model is built or run."""
     p = build_parser()
     args = p.parse_args(argv)
+    if args.summary:            # read a summary, run nothing: main() answers with decide()
+        return args
     if args.sweep_seeds is not None and not args.sweep_lr:
         p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
     if args.keep_correct_frac is not None and "replay_pbr" not in args.arms:
@@ -333,7 +480,7 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--arms must include on_policy (it sets the target)")
     if args.replay_ratio < 2:
         p.error(f"--replay-ratio {args.replay_ratio}: must be >= 2")
-    for y in {args.replay_ratio, *([3] if "replay_y3" in args.arms else [])}:
+    for y in {args.replay_ratio, *(FIXED_Y[a] for a in args.arms if a in FIXED_Y)}:
         if args.batch_size % (y * args.num_generations):
             p.error(f"--batch-size {args.batch_size} must be a multiple of replay ratio x num_generations "
                     f"= {y * args.num_generations}")
@@ -359,7 +506,7 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse(argv)
     try:
-        return compare(args)
+        return decide(args.summary, args.cost) if args.summary else compare(args)
     except CompareError as e:           # one line, as the parser's errors
         print(f"compare.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -399,20 +546,44 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
 def compare(args) -> dict:
     os.makedirs(args.output_dir, exist_ok=True)
     grid = token_grid(args)
+    cost = load_cost(args.cost) if args.cost else None
+    sizes = {}
+    for arm in args.arms:
+        flags = arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac)
+        sizes[arm] = (int(flags[1]) * args.num_generations, int(flags[5]))
+    unit_costs(cost, sizes)                     # an arm outside the cost curve: refused before any run
+
+    sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
+    steps = train_flags(args.train_args).get("warm_start_steps", 0)
+    built, locks = set(), {warm_start_seed(args, s): threading.Lock() for s in [*range(args.seeds), *sweep_seeds]}
+
+    def need_model(seed: int) -> None:
+        """Each starting model built once, before the first run that needs it (none for recorded runs)."""
+        if args.model != "tiny":
+            return
+        ws = warm_start_seed(args, seed)
+        with locks[ws]:
+            if ws not in built:
+                build_tiny_model(args.task, ws, steps)
+                built.add(ws)
 
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
-        out = os.path.join(args.output_dir, arm + tag, f"seed{seed}")
-        run_train(own_flags(args, arm, seed, lr, out) + args.train_args, out)
-        return read_run(out, grid)
+        name = os.path.join(arm + tag, f"seed{seed}")
+        out = os.path.join(args.output_dir, name)
+        argv = own_flags(args, arm, seed, lr, out) + args.train_args
+        path = args.records and os.path.join(args.records, name + ".json")
+        record = load_record(path, argv) if path else None
+        if record is None:
+            need_model(seed)
+            run_train(argv, out)
+            record = {"argv": record_argv(argv), **run_record(out)}
+            if path:
+                save_record(path, record)
+        return read_record(record, grid, path or out)
 
     start = time.time()
     lrs, sweep = {arm: args.lr for arm in args.arms}, {}
-    sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     with ThreadPoolExecutor(args.jobs) as pool:
-        if args.model == "tiny":        # each starting model built once, before the runs that share it
-            steps = train_flags(args.train_args).get("warm_start_steps", 0)
-            seeds = sorted({warm_start_seed(args, s) for s in [*range(args.seeds), *sweep_seeds]})
-            list(pool.map(lambda s: build_tiny_model(args.task, s, steps), seeds))
         if args.sweep_lr:
             # replicates 1000, 1001, ...: the sweep selects on runs that are not reported (no selection bias)
             jobs = {(arm, lr, s): pool.submit(run, arm, s, lr, f"-lr{lr:g}")
@@ -430,7 +601,7 @@ def compare(args) -> dict:
             results[arm].append(job.result())
             print(f"{arm} seed {seed}: final accuracy {final_accuracy(results[arm][-1]['accuracy']):.3f} "
                   f"({time.time() - start:.0f} s so far)", flush=True)
-    summary = summarize(results, args, grid, lrs)
+    summary = summarize(results, args, grid, lrs, cost)
     held_out = ("warm-start seed and RL seed: models of their own" if args.model == "tiny" else
                 f"the RL seed only: every replicate starts from {args.model}")
     summary["lr_sweep"] = sweep and {"seeds": sweep_seeds, "held_out": held_out,
@@ -442,65 +613,88 @@ def compare(args) -> dict:
     return summary
 
 
-def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict) -> dict:
+def finite(x):
+    """JSON has no inf: None (not reached), also inside lists."""
+    return [finite(v) for v in x] if isinstance(x, list) else None if math.isinf(x) else x
+
+
+def pair_entry(point: dict, ci: dict) -> dict:
+    """figures()'s ratios and differences of one pair, with their intervals, for summary.json."""
+    return {"token_ratio": finite(point["token_ratio"]), "token_ratio_ci": finite(ci["token_ratio"]),
+            "time_ratio": finite(point["time_ratio"]), "time_ratio_ci": finite(ci["time_ratio"]),
+            "projected_time_ratio": {c: {"ratio": finite(v), "ci": finite(ci["projected_ratio"][c])}
+                                     for c, v in point["projected_ratio"].items()},
+            "accuracy_diff": point["accuracy_diff"], "accuracy_diff_ci": ci["accuracy_diff"],
+            "entropy_diff": point["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"]}
+
+
+def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict, cost: dict | None = None) -> dict:
     op = results["on_policy"]
     # mu, measured on the on-policy arm: seconds per generated rollout / seconds per trained rollout.
     mu = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
                            for r in op)
-    mus = [round(m, 3) for m in (args.mu if args.mu else [mu, *GPU_MU])]
-    target = target_accuracy(op, args.target_frac)
+    sizes = {arm: (runs[0]["R"], runs[0]["B"]) for arm, runs in results.items()}
+    units = unit_costs(cost, sizes)
+    fig = figures(results, args.target_frac, units)
+    ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units)
+    target = fig["target"]
     if args.model == "tiny" and not args.one_model:
         replicates = "warm-start seed i and RL seed i: the model varies"
     else:
         replicates = f"one model ({'tiny, warm-start seed 0' if args.model == 'tiny' else args.model}), RL seed i"
-    summary = {"target_accuracy": target, "target_frac": args.target_frac, "mu": mu, "projected_at_mu": mus, "budget_tokens": args.budget_tokens,
-               "grid_tokens": grid, "lr": lrs, "lr_chosen_by": "sweep" if args.sweep_lr else "given",
+    summary = {"task": args.task, "model": args.model, "train_args": args.train_args,
+               "target_accuracy": target, "target_accuracy_ci": ci["target"], "target_frac": args.target_frac,
+               "mu": mu, "budget_tokens": args.budget_tokens, "grid_tokens": grid, "lr": lrs,
+               "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
                                    "one torch thread each",
-               "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target",
+               "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target; "
+                             "the crossing interpolated linearly between the eval before and that one (tokens, "
+                             "seconds, rounds and steps alike)",
                "replicates": replicates,
-               "intervals": f"90% bootstrap over replicates, arm and on-policy drawn in pairs ({args.bootstrap} "
-                            "resamples)", "arms": {}}
-    base = to_target(op, target)
+               "intervals": f"90% bootstrap over replicates: each draw takes replicate i of every arm together (one "
+                            f"starting model), recomputes the target, and takes every ratio within the draw "
+                            f"({args.bootstrap} resamples)",
+               "cost": cost and {k: cost[k] for k in ("file", "about", "interpolation")} | {"curves": list(units)},
+               "args": vars(args), "arms": {}}
     for name, runs in results.items():
-        point = to_target(runs, target)
+        f, c = fig["arms"][name], ci["arms"][name]
+        R, B = sizes[name]
         curve = mean_curve(runs)
         accs = [r["accuracy"] for r in runs]
         entry = {
-            "final_accuracy": final_accuracy(curve["accuracy"]),
+            "R": R, "B": B, "final_accuracy": f["final_accuracy"],
             "final_accuracy_range": [min(final_accuracy(a) for a in accs), max(final_accuracy(a) for a in accs)],
-            "tokens_to_target": point and point["tokens"], "seconds_to_target": point and point["seconds"],
-            "generated_to_target": point and point["generated"], "trained_to_target": point and point["trained"],
-            "entropy": statistics.fmean(r["entropy"] for r in runs), "seeds": len(runs),
+            **{f"{k}_to_target": finite(f[k]) for k in X_KEYS}, **{f"{k}_to_target_ci": finite(c[k]) for k in X_KEYS},
+            "generated_to_target": finite(f["rounds"] * R), "trained_to_target": finite(f["steps"] * B),
+            "projected_seconds_to_target": {u: {"seconds": finite(v), "ci": finite(c["projected"][u])}
+                                            for u, v in f["projected"].items()},
+            "not_reached_frac": c["not_reached_frac"],
+            "entropy": f["entropy"], "seeds": len(runs),
             "gen_seconds": statistics.fmean(r["gen_seconds"] for r in runs),
             "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
             "flags": " ".join(arm_flags(name, args.batch_size, args.replay_ratio, args.num_generations,
                                         args.keep_correct_frac)),
             "curve": {**curve, "min": [min(a[j] for a in accs) for j in range(len(grid))],
-                      "max": [max(a[j] for a in accs) for j in range(len(grid))]},
+                      "max": [max(a[j] for a in accs) for j in range(len(grid))],
+                      "projected": {u: [r * g + s * t for r, s in zip(curve["rounds"], curve["steps"])]
+                                    for u, (g, t) in ((u, units[u][name]) for u in units)}},
+            # each replicate's own run and its own reach of the (mean curve's) target
+            "replicates": [{**run, "reach": reach_point(run, target)} for run in runs],
         }
-        if name != "on_policy":
-            fig = compare_arm(runs, op, mus, args.target_frac)
-            ci = bootstrap(runs, op, mus, args.bootstrap, frac=args.target_frac)
-            finite = lambda x: None if math.isinf(x) else x                      # JSON has no inf
-            entry.update({
-                "token_ratio": finite(fig["token_ratio"]), "token_ratio_ci": [finite(x) for x in ci["token_ratio"]],
-                "time_ratio": finite(fig["time_ratio"]), "time_ratio_ci": [finite(x) for x in ci["time_ratio"]],
-                "projected_time_ratio": {f"{m:g}": {"ratio": finite(fig["projected"][m]),
-                                                    "ci": [finite(x) for x in ci["projected"][m]]} for m in mus},
-                "accuracy_diff": fig["accuracy_diff"], "accuracy_diff_ci": ci["accuracy_diff"],
-                "entropy_diff": fig["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"],
-                "not_reached_frac": ci["not_reached_frac"],
-                "break_even_mu": point and break_even_mu(base["generated"], base["trained"], point["generated"],
-                                                         point["trained"]),
-                "verdict": verdict(ci["token_ratio"], ci["accuracy_diff"]),
-            })
+        for ref, point in f["vs"].items():
+            pair = pair_entry(point, c["vs"][ref])
+            if ref == "on_policy":
+                vs = c["vs"][ref]           # inf (not reached) kept: finite() made it None in pair
+                entry.update(pair, verdict=verdict(vs["token_ratio"], vs["accuracy_diff"]))
+            else:
+                entry["vs_control"] = {"arm": ref, **pair}
         summary["arms"][name] = entry
     others = {a: e for a, e in summary["arms"].items() if not a.startswith(("on_policy", "control"))}
     reached = {a: e for a, e in others.items() if e["token_ratio"] is not None}
     best = min(reached, key=lambda a: reached[a]["token_ratio"], default=None)
     summary["best_replay_arm"] = best
-    for key in ("token_ratio", "time_ratio", "break_even_mu", "projected_time_ratio"):
+    for key in ("token_ratio", "time_ratio", "projected_time_ratio"):
         summary[key] = summary["arms"][best][key] if best else None
     return summary
 
@@ -514,34 +708,140 @@ def fmt_ci(value, ci, spec=".2f"):
     return f"{fmt(value, spec)} [{fmt(lo, spec)}, {'not reached' if hi is None else format(hi, spec)}]"
 
 
+def whose(s: dict) -> str:
+    """Whose task and model a summary's results come from."""
+    if "task" not in s:
+        return "task and model: not recorded (a summary older than this field; its arms' flags say the rest)"
+    extra = f", train.py {s['train_args']}" if s.get("train_args") else ""
+    return f"task {s['task']}, model {s['model']}{extra}; replicates: {s['replicates']}"
+
+
+def about_cost(cost: dict) -> str:
+    a = cost["about"]
+    return (f"cost curve {cost['file']}: {a.get('device')} {a.get('dtype')}, {a.get('threads')} thread(s), model "
+            f"{a.get('model')}, task {a.get('task')}, {a.get('max_new_tokens')} new tokens at most; "
+            f"{a.get('conditions')}; {cost['interpolation']}")
+
+
 def print_table(s: dict) -> None:
     rule = ("on-policy final, median of its last 3 evals" if s.get("target_frac", 1.0) == 1.0 else
             f"on-policy start + {s['target_frac']:g} of its gain to its final accuracy")
-    print(f"\ntarget accuracy ({rule}): {s['target_accuracy']:.3f};  measured "
-          f"mu = {s['mu']:.2f} (generation / training seconds per rollout);  lr {s['lr_chosen_by']}: {s['lr']}")
-    print(f"replicates: {s['replicates']}")
+    print(f"\nresults: {whose(s)}")
+    print(f"target accuracy ({rule}): {s['target_accuracy']:.3f};  measured mu = {s['mu']:.2f} (generation / "
+          f"training seconds per rollout, a summary figure);  lr {s['lr_chosen_by']}: {s['lr']}")
+    if s.get("cost"):
+        print(about_cost(s["cost"]))
     for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
         means = ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sw["mean_score"].items())
         print(f"lr sweep {arm}: {means} -> {sw['chosen']:g}" + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
-    print(f"{'arm':<16}{'final acc':>10}{'range':>12}{'tokens->target':>16}{'sec->target':>13}"
-          f"{'entropy':>9}{'gen s':>8}{'train s':>9}")
+    curves = list((s.get("cost") or {}).get("curves", []))
+    print(f"{'arm':<16}{'R':>5}{'B':>5}{'final acc':>10}{'range':>11}{'tokens->target [90%]':>26}"
+          f"{'measured s->target [90%]':>28}" + "".join(f"{'projected s (' + u + ')':>30}" for u in curves)
+          + f"{'entropy':>9}{'gen s':>8}{'train s':>9}")
     for name, a in s["arms"].items():
         lo, hi = a["final_accuracy_range"]
-        print(f"{name:<16}{a['final_accuracy']:>10.3f}{f'{lo:.2f}-{hi:.2f}':>12}{fmt(a['tokens_to_target'], ',.0f'):>16}"
-              f"{fmt(a['seconds_to_target'], '.1f'):>13}{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}"
-              f"{a['train_seconds']:>9.1f}")
-    print("\nagainst on_policy, point [90% interval over seeds]; time ratios at mu other than the measured one are "
-          "PROJECTIONS from the runs' counts of generated and trained rollouts")
+        print(f"{name:<16}{a['R']:>5}{a['B']:>5}{a['final_accuracy']:>10.3f}{f'{lo:.2f}-{hi:.2f}':>11}"
+              f"{fmt_ci(a['tokens_to_target'], a['tokens_to_target_ci'], ',.0f'):>26}"
+              f"{fmt_ci(a['seconds_to_target'], a['seconds_to_target_ci'], '.1f'):>28}"
+              + "".join(f"{fmt_ci(p['seconds'], p['ci'], '.1f'):>30}" for p in a["projected_seconds_to_target"].values())
+              + f"{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
+
+    def ratios(p: dict) -> str:
+        lo, hi = p["time_ratio_ci"]
+        inside = lambda r: "" if r is None or lo is None else (     # a curve of the machine that ran it should agree
+            " (inside the measured interval)" if lo <= r <= (math.inf if hi is None else hi) else " (OUTSIDE the measured interval)")
+        proj = "".join(f"; projected time ({u}) x{fmt_ci(v['ratio'], v['ci'])}{inside(v['ratio'])}"
+                       for u, v in p["projected_time_ratio"].items())
+        return (f"tokens to target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
+                f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{proj}; final accuracy "
+                f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}; entropy "
+                f"{fmt_ci(p['entropy_diff'], p['entropy_diff_ci'], '+.3f')}")
+    print("\nagainst on_policy, point [90% interval over replicates]; measured time: seconds in the runs' logs; "
+          "projected: the runs' rounds and steps to the target charged at the cost curve's seconds")
     for name, a in s["arms"].items():
-        if name == "on_policy":
+        if name != "on_policy":
+            print(f"{name}: {ratios(a)} -> {a['verdict']}")
+    paired = {name: a["vs_control"] for name, a in s["arms"].items() if "vs_control" in a}
+    if paired:
+        print("\nreplay against its own control (R = B = N = B/y: as many updates per generated token, no reuse), "
+              "paired draws (replicate i of both in each draw, the ratio taken within it)")
+    for name, p in paired.items():
+        print(f"{name} / {p['arm']}: {ratios(p)}")
+    print(f"best replay arm (tokens): {s['best_replay_arm']}")
+
+
+# ---- the user's decision: which arm reaches the target first on this machine ---------------------
+def decide(summary_path: str, cost_path: str = "") -> dict:
+    """Which arm of a comparison reaches the target first, and by how much: measured (on the machine
+    that ran it) and projected on a cost curve of this machine (the comparison's rounds and steps to
+    the target, charged at this machine's seconds per round and per step). A summary with each
+    replicate's runs is recomputed with intervals (paired draws); an older one gives point figures."""
+    try:
+        s = json.load(open(summary_path))
+        s["arms"]["on_policy"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CompareError(f"--summary {summary_path}: not a summary.json of compare.py ({type(e).__name__}: {e})")
+    cost = load_cost(cost_path) if cost_path else None
+    if "args" in s and all("replicates" in e for e in s["arms"].values()):
+        results = {arm: [{k: v for k, v in r.items() if k != "reach"} for r in e["replicates"]]
+                   for arm, e in s["arms"].items()}
+        args = argparse.Namespace(**s["args"])
+        lr_sweep = s.get("lr_sweep")
+        s = summarize(results, args, s["grid_tokens"], s["lr"], cost)
+        s["lr_sweep"] = lr_sweep
+        print_table(s)
+        units = unit_costs(cost, {arm: (runs[0]["R"], runs[0]["B"]) for arm, runs in results.items()})
+        times = {"measured": lambda a: a["seconds"], **{u: (lambda a, u=u: a["projected"][u]) for u in units}}
+        answer = {}
+        for basis, time_of in times.items():
+            point = figures(results, args.target_frac, units)["arms"]
+            best = min(point, key=lambda a: time_of(point[a]))
+            pairs = [(best, a) for a in point if a != best]
+            fig = figures(results, args.target_frac, units, pairs)["arms"][best]["vs"]
+            ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units, pairs=pairs)["arms"][best]["vs"]
+            key = (lambda v: v["time_ratio"]) if basis == "measured" else (lambda v, u=basis: v["projected_ratio"][u])
+            answer[basis] = {"fastest": best, "seconds": finite(time_of(point[best])),
+                             "ratio_to": {a: [finite(key(fig[a])), *finite(key(ci[a]))] for a in fig}}
+    else:
+        answer = decide_points(s, cost)
+    where = {"measured": "measured, on the machine that ran the comparison"}
+    print(f"\nthe answer, for {whose(s)}:")
+    for basis, ans in answer.items():
+        label = where.get(basis, f"projected on {cost_path} ({basis} generation)")
+        if ans["seconds"] is None:
+            print(f"  {label}: no arm reached the target")
             continue
-        proj = ", ".join(f"mu {m}: {fmt_ci(v['ratio'], v['ci'])}" for m, v in a["projected_time_ratio"].items())
-        print(f"{name}: tokens to target x{fmt_ci(a['token_ratio'], a['token_ratio_ci'])}; measured time "
-              f"x{fmt_ci(a['time_ratio'], a['time_ratio_ci'])}; projected time {proj}; final accuracy "
-              f"{fmt_ci(a['accuracy_diff'], a['accuracy_diff_ci'], '+.3f')}; entropy "
-              f"{fmt_ci(a['entropy_diff'], a['entropy_diff_ci'], '+.3f')}; break-even mu "
-              f"{fmt(a['break_even_mu'], '.2f')} -> {a['verdict']}")
-    print(f"best replay arm: {s['best_replay_arm']}")
+        others = ", ".join(f"{r[0]:.2f}x {a}'s time" + (f" [{fmt(r[1], '.2f')}, {fmt(r[2], '.2f')}]" if len(r) > 1 else "")
+                           if r[0] else f"{a} did not reach it" for a, r in ans["ratio_to"].items())
+        print(f"  {label}: {ans['fastest']} reaches the target first, in {ans['seconds']:.1f} s: {others}")
+    return answer
+
+
+def decide_points(s: dict, cost: dict | None) -> dict:
+    """decide() for a summary without per-replicate runs: point figures from each arm's counts to the
+    target (R from its flags; G from on_policy's, whose R = B), no intervals."""
+    print(f"\nresults: {whose(s)}\n(no per-replicate runs in this summary: point figures, no intervals; re-run "
+          f"compare.py for them)")
+    flags = {arm: e["flags"].split() for arm, e in s["arms"].items()}
+    size = lambda arm, flag: int(flags[arm][flags[arm].index(flag) + 1])
+    G = size("on_policy", "--batch-size") // size("on_policy", "--prompts-per-round")
+    sizes = {arm: (size(arm, "--prompts-per-round") * G, size(arm, "--batch-size")) for arm in s["arms"]}
+    units = unit_costs(cost, sizes)
+    times = {"measured": {a: e["seconds_to_target"] for a, e in s["arms"].items()}}
+    for u, per_arm in units.items():
+        times[u] = {a: None if e["generated_to_target"] is None else
+                    e["generated_to_target"] / sizes[a][0] * per_arm[a][0] + e["trained_to_target"] / sizes[a][1] * per_arm[a][1]
+                    for a, e in s["arms"].items()}
+    answer = {}
+    for basis, t in times.items():
+        reached = {a: v for a, v in t.items() if v is not None}
+        best = min(reached, key=reached.get, default=None)
+        answer[basis] = {"fastest": best, "seconds": best and reached[best],
+                         "ratio_to": {a: [reached[best] / v if v else 0.0] for a, v in t.items() if best and a != best}}
+        print(f"{basis} seconds to target: " + ", ".join(f"{a} {fmt(v, '.1f')}" for a, v in t.items()))
+    if cost:
+        print(about_cost(cost))
+    return answer
 
 
 def plot(s: dict, path: str) -> None:

@@ -337,32 +337,31 @@ def plot_runs(run_dirs: list[str], path: str, labels: list[str] | None = None):
 
 def plot_arms(summary: dict, path: str):
     """compare.py's figure: per arm, the mean accuracy over seeds with a min-max band, against generated
-    tokens, measured seconds and a PROJECTED cost at mu (8 if projected, else the last mu). Reads
-    summary["arms"][name]["curve"] (tokens, seconds, generated, trained, accuracy, min, max),
-    summary["target_accuracy"] and summary["projected_at_mu"]. Returns the Figure (None without matplotlib)."""
-    fig = _new_figure(path, (16, 5))
+    tokens, measured seconds and, with a cost curve, the seconds PROJECTED on its first curve. Reads
+    summary["arms"][name]["curve"] (tokens, seconds, accuracy, min, max, projected: {curve: seconds}),
+    summary["target_accuracy"] and summary["cost"]. Returns the Figure (None without matplotlib)."""
+    curves = (summary.get("cost") or {}).get("curves") or []
+    fig = _new_figure(path, (16 if curves else 11, 5))
     if fig is None:
         return None
-    mus = summary.get("projected_at_mu") or [8.0]
-    mu = 8.0 if 8.0 in mus else mus[-1]
-    axes = fig.subplots(1, 3)
+    keys = ("tokens", "seconds", "projected")[:3 if curves else 2]
+    axes = fig.subplots(1, len(keys))
     for i, (name, arm) in enumerate(summary["arms"].items()):
         c = arm["curve"]
-        xs = {"tokens": c["tokens"], "seconds": c["seconds"],
-              "projected": [mu * g + t for g, t in zip(c["generated"], c["trained"])]}
-        for ax, key in zip(axes, ("tokens", "seconds", "projected")):
+        xs = {"tokens": c["tokens"], "seconds": c["seconds"], "projected": curves and c["projected"][curves[0]]}
+        for ax, key in zip(axes, keys):
             ax.plot(xs[key], c["accuracy"], label=name, marker=".", color=f"C{i % 10}", gid=name)
             ax.fill_between(xs[key], c["min"], c["max"], alpha=0.12, color=f"C{i % 10}")
     target = summary["target_accuracy"]
     titles = ("against generated tokens", "against measured time",
-              f"against PROJECTED cost at mu = {mu:g}")
+              f"against PROJECTED time ({curves[0] if curves else ''} curve)")
     labels = ("generated completion tokens", "measured seconds (generation + training)",
-              f"cost, in trained rollouts: {mu:g} x generated + trained")
+              f"seconds on {(summary.get('cost') or {}).get('file')}: rounds x gen(R) + steps x train(B)")
     for ax, title, label in zip(axes, titles, labels):
         frac = summary.get("target_frac", 1.0)
         rule = "on-policy final accuracy" if frac == 1.0 else f"on-policy start + {frac:g} of its gain"
         ax.axhline(target, label=f"target {target:.3f} ({rule})", **REFERENCE)
-        _accuracy_axes(ax, label, title, counts=ax is not axes[1])
+        _accuracy_axes(ax, label, title, counts=ax is axes[0])
     _figure_legend(fig, axes[0], title="mean over seeds; band: min-max")
     fig.savefig(path, dpi=110)
     return fig

@@ -136,8 +136,8 @@ def resumed(cfg, state, saved_config: dict) -> None:
 
 
 def summary(cfg, state, run_dir: str) -> None:
-    """The end-of-run lines: accuracy, tokens and the time split, mu, what replay saved, and the
-    counts of anything skipped. cfg: train.Config; state: train.LoopState."""
+    """The end-of-run lines, all measured: accuracy, tokens and the time split, mu, how often a
+    rollout was used, and the counts of anything skipped. cfg: train.Config; state: train.LoopState."""
     first, last = state.first_accuracy, state.last_accuracy
     total = state.gen_seconds + state.train_seconds
     say(cfg, f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state.step} steps "
@@ -150,14 +150,9 @@ def summary(cfg, state, run_dir: str) -> None:
         mu = (state.gen_seconds / generated) / (state.train_seconds / trained)
         say(cfg, f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one "
             f"(on a GPU, 8-27)")
-        if trained > generated:
-            # An on-policy run (R = B, K = 1) generates one rollout per rollout trained.
-            on_policy_tokens = state.gen_tokens * trained / generated
-            saved = on_policy_tokens - state.gen_tokens
-            say(cfg, f"replay: each rollout was used {trained / generated:.2f} times; an "
-                f"on-policy run with as many updates would have generated "
-                f"~{on_policy_tokens:,.0f} tokens: this run saved ~{saved:,.0f} "
-                f"({1 - generated / trained:.0%} of generation)")
+    if generated and trained:
+        say(cfg, f"rollouts: {generated:,} generated, {trained:,} trained on: each used "
+            f"{trained / generated:.2f} times on average")
     if state.skipped_steps or state.reward_errors:
         say(cfg, f"skipped steps (NaN/inf): {state.skipped_steps}; reward errors scored 0: "
             f"{state.reward_errors}")

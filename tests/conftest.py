@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 
@@ -62,8 +63,8 @@ def saved_run(tmp_path):
 @pytest.fixture
 def compare_runs(monkeypatch):
     """compare.py with nothing built or trained: each run's flags are read by train.py's parser
-    (the config the run would write: .runs holds (folder, train.Config)), its curve made up (a
-    rise, the same for every run), the models it would build listed in .builds."""
+    (the config the run would write: .runs holds (folder, train.Config)), its files made up by
+    fake_train, the models it would build listed in .builds."""
     import types
 
     import compare
@@ -72,10 +73,32 @@ def compare_runs(monkeypatch):
     seen = types.SimpleNamespace(runs=[], builds=[])
     monkeypatch.setattr(compare, "build_tiny_model",
                         lambda task, seed, steps=0: seen.builds.append((task, seed, steps)))
-    monkeypatch.setattr(compare, "run_train", lambda argv, out: seen.runs.append((out, train.parse_config(argv))))
-    monkeypatch.setattr(compare, "read_run", lambda out, grid: {
-        "accuracy": [0.1 * (k + 1) for k in range(len(grid))], "tokens": grid, "seconds": grid,
-        "generated": grid, "trained": grid, "entropy": 0.5, "gen_seconds": 1.0, "train_seconds": 1.0,
-        "rollouts_generated": 10, "rollouts_trained": 10})
+    monkeypatch.setattr(compare, "run_train", lambda argv, out: seen.runs.append((out, train.parse_config(argv)))
+                        or fake_train(argv, out))
     monkeypatch.setattr(compare, "plot", lambda *a: None)
     return seen
+
+
+def fake_train(argv, out):
+    """train.py's files for a constructed run of the flags in argv: one token a rollout, an eval whenever
+    the tokens cross a multiple of --eval-every-tokens and at the end, accuracy 0.1 + tokens / budget
+    (capped at 0.9), 0.1 s of generation and 0.05 s of training a round."""
+    flag = lambda name: int(float(argv[argv.index(name) + 1]))
+    P, G, B = flag("--prompts-per-round"), flag("--num-generations"), flag("--batch-size")
+    budget, every = flag("--max-gen-tokens"), flag("--eval-every-tokens")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"prompts_per_round": P, "num_generations": G, "batch_size": B}, f)
+    rows, tokens, rnd, next_eval = [], 0, 0, 0
+    counters = lambda: {"round": rnd, "step": rnd, "gen_tokens": tokens, "gen_seconds": 0.1 * rnd,
+                        "train_seconds": 0.05 * rnd}
+    while True:
+        if tokens >= next_eval or tokens >= budget:
+            rows.append({**counters(), "eval_accuracy": min(0.9, 0.1 + tokens / budget)})
+            next_eval = (tokens // every + 1) * every
+        if tokens >= budget:
+            break
+        rnd, tokens = rnd + 1, tokens + P * G
+        rows.append({**counters(), "rollout_entropy": 0.5})
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -1,17 +1,12 @@
+import argparse
 import json
+import os
 import sys
 
 import pytest
 
 import compare
-
-
-def test_break_even_mu_by_hand():
-    # replay generates 600 instead of 1000 rollouts but trains 2000 instead of 1000:
-    # mu * 600 + 2000 < mu * 1000 + 1000  <=>  mu > 2.5
-    assert compare.break_even_mu(1000, 1000, 600, 2000) == pytest.approx(2.5)
-    assert compare.break_even_mu(1000, 1000, 600, 800) == 0.0        # cheaper in both: pays at any mu
-    assert compare.break_even_mu(1000, 1000, 1200, 900) is None      # generates more: mu cannot help
+from conftest import fake_train
 
 
 def test_reach_needs_the_target_held_not_one_lucky_eval():
@@ -31,43 +26,169 @@ def test_reach_needs_the_target_held_not_one_lucky_eval():
         assert compare.reach_index(accs, compare.final_accuracy(accs)) is not None
 
 
-def run_of(accs, generated, trained, tokens=None, entropy=0.5):
-    n = len(accs)
-    return {"accuracy": accs, "generated": generated, "trained": trained,
-            "tokens": tokens or [10 * g for g in generated], "seconds": [float(g + t) for g, t in zip(generated, trained)],
-            "entropy": entropy}
+def run_of(accs, R=100, B=100, rounds=None, tokens_per_rollout=10, entropy=0.5):
+    """A constructed run: eval k after rounds[k] rounds (default k) and as many steps (K = 1), R rollouts of
+    tokens_per_rollout tokens a round, 1 s a round."""
+    rounds = rounds or list(range(len(accs)))
+    return {"accuracy": accs, "rounds": rounds, "steps": rounds, "tokens": [r * R * tokens_per_rollout for r in rounds],
+            "seconds": [float(r) for r in rounds], "R": R, "B": B, "entropy": entropy,
+            "gen_seconds": 1.0, "train_seconds": 1.0, "rollouts_generated": rounds[-1] * R,
+            "rollouts_trained": rounds[-1] * B}
 
 
-def test_compare_arm_uses_exact_counts_and_projects_by_hand():
-    grid = [0, 1, 2, 3, 4, 5]
-    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5], [100 * k for k in grid], [100 * k for k in grid], entropy=0.6)]
-    # reaches the on-policy target (0.5) at index 2 instead of 4, with half the rollouts generated per eval
-    # and the same number trained
-    rep = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5], [50 * k for k in grid], [100 * k for k in grid], entropy=0.5)]
-    fig = compare.compare_arm(rep, on, [1.0, 8.0])
-    # to the target: on-policy 400 generated + 400 trained, replay 100 generated + 200 trained
-    assert fig["token_ratio"] == pytest.approx(100 / 400)
-    assert fig["projected"][8.0] == pytest.approx((8 * 100 + 200) / (8 * 400 + 400))
-    assert fig["projected"][1.0] == pytest.approx((100 + 200) / (400 + 400))
-    assert fig["accuracy_diff"] == pytest.approx(0.0) and fig["entropy_diff"] == pytest.approx(-0.1)
-    never = [run_of([0.1] * 6, [50 * k for k in grid], [100 * k for k in grid])]
-    assert compare.compare_arm(never, on, [8.0])["token_ratio"] == float("inf")
+def cost_file(path, gen, train, sizes=(16, 32, 64, 128, 256, 512), mode="plain"):
+    """A constructed cost curve in benchmarks/cost.py's format: gen(R) and train(B) seconds."""
+    path.write_text(json.dumps({"device": "cpu", "dtype": "float32", "threads": 1, "model": "tiny", "task": "addition",
+                                "max_new_tokens": 6, "conditions": "constructed",
+                                "generation": {mode: [{"R": s, "seconds": gen(s)} for s in sizes]},
+                                "training": [{"B": s, "seconds": train(s)} for s in sizes]}))
+    return str(path)
 
 
-def test_bootstrap_interval_covers_the_spread_of_seeds_and_is_exact_without_spread():
-    grid = [0, 1, 2, 3, 4, 5]
-    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5], [100 * k for k in grid], [100 * k for k in grid])] * 3
-    rep = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5], [50 * k for k in grid], [100 * k for k in grid])] * 3
-    ci = compare.bootstrap(rep, on, [8.0], n=200)
-    assert ci["token_ratio"] == [pytest.approx(0.25), pytest.approx(0.25)] and ci["not_reached_frac"] == 0
-    noisy = [run_of([0.1, 0.1 + d, 0.5 + d, 0.5 + d, 0.5 + d, 0.5 + d], [50 * k for k in grid],
-                    [100 * k for k in grid]) for d in (-0.2, 0.0, 0.1)]
-    ci = compare.bootstrap(noisy, on, [8.0], n=400)
-    lo, hi = ci["accuracy_diff"]
+def test_the_crossing_is_interpolated_between_the_eval_before_and_the_reach():
+    xs = {"tokens": [0, 100, 200, 300, 400, 500], "seconds": [0, 2, 4, 6, 8, 10], "rounds": [0, 1, 2, 3, 4, 5],
+          "steps": [0, 2, 4, 6, 8, 10]}
+    # smoothed: 0.2, 0.4, 0.6, 0.6 at evals 1-4: the reach is eval 3 (0.6), the eval before has 0.4, so the
+    # target 0.5 is crossed halfway between them
+    point = compare.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.5)
+    assert point == {"tokens": 250, "seconds": 5.0, "rounds": 2.5, "steps": 5.0}
+    # a quarter of the way: (0.45 - 0.4) / (0.6 - 0.4)
+    assert compare.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.45)["tokens"] == pytest.approx(225)
+    # reached at eval 1: the eval before is eval 0, unsmoothed: (0.5 - 0.2) / (0.8 - 0.2) of the way
+    short = {k: v[:4] for k, v in xs.items()}
+    assert compare.reach_point({"accuracy": [0.2, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == pytest.approx(50)
+    # a curve that starts above the target: no crossing to place, the reach eval itself (as before)
+    assert compare.reach_point({"accuracy": [0.9, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == 100
+    assert compare.reach_point({"accuracy": [0.1, 0.2, 0.2, 0.2], **short}, 0.5) is None
+
+
+def test_figures_against_on_policy_by_hand_and_a_linear_cost_curve_is_the_mu_projection(tmp_path):
+    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5], R=100, B=100, entropy=0.6)]
+    # half the rollouts a round, the same batch; smoothed 0.3 at eval 1, 0.7 at eval 2: target 0.5 crossed
+    # halfway, at 1.5 rounds and steps
+    rep = [run_of([0.1, 0.3, 0.7, 0.7, 0.7, 0.7], R=50, B=100, entropy=0.5)]
+    a, b = 0.01, 0.002                                   # gen(R) = a R, train(B) = b B: mu = a / b = 5
+    cost = compare.load_cost(cost_file(tmp_path / "c.json", lambda R: a * R, lambda B: b * B))
+    units = compare.unit_costs(cost, {"on_policy": (100, 100), "replay": (50, 100)})
+    fig = compare.figures({"on_policy": on, "replay": rep}, 1.0, units)
+    # target: the median of on-policy's last three, 0.5, reached (with s = 0.5 exactly) at eval 4
+    assert fig["target"] == pytest.approx(0.5)
+    assert fig["arms"]["on_policy"]["tokens"] == 4000 and fig["arms"]["replay"]["tokens"] == pytest.approx(750)
+    vs = fig["arms"]["replay"]["vs"]["on_policy"]
+    assert vs["token_ratio"] == pytest.approx(750 / 4000) and vs["time_ratio"] == pytest.approx(1.5 / 4)
+    # projected: rounds x gen(R) + steps x train(B); the old model's mu x generated + trained, in the same ratio
+    assert fig["arms"]["replay"]["projected"]["plain"] == pytest.approx(1.5 * a * 50 + 1.5 * b * 100)
+    mu = a / b
+    by_mu = (mu * 1.5 * 50 + 1.5 * 100) / (mu * 4 * 100 + 4 * 100)
+    assert vs["projected_ratio"]["plain"] == pytest.approx(by_mu) and by_mu == pytest.approx(525 / 2400)
+    assert vs["accuracy_diff"] == pytest.approx(0.7 - 0.5) and vs["entropy_diff"] == pytest.approx(-0.1)
+    never = [run_of([0.1] * 6, R=50, B=100)]
+    vs = compare.figures({"on_policy": on, "replay": never}, 1.0, units)["arms"]["replay"]["vs"]["on_policy"]
+    assert vs["token_ratio"] == vs["projected_ratio"]["plain"] == float("inf")
+
+
+def arms_reaching_at_equal_tokens():
+    """on-policy (R = B = 256), replay (R = 128, B = 256) and control (R = B = 128) reach the target at
+    the same tokens, eval 3 (3000 tokens, one token a rollout): 3000 / R rounds and as many steps."""
+    accs = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    tokens = [0, 1000, 2000, 3000, 4000, 5000]
+    return {arm: [{**run_of(accs, R=R, B=B, tokens_per_rollout=1), "tokens": tokens, "rounds": [t / R for t in tokens],
+                   "steps": [t / R for t in tokens]}]
+            for arm, R, B in (("on_policy", 256, 256), ("replay", 128, 256), ("control", 128, 128))}
+
+
+def test_a_flat_generation_curve_favours_big_rounds(tmp_path):
+    results = arms_reaching_at_equal_tokens()
+    cost = compare.load_cost(cost_file(tmp_path / "flat.json", lambda R: 1.0, lambda B: 0.001 * B))
+    units = compare.unit_costs(cost, {"on_policy": (256, 256), "replay": (128, 256), "control": (128, 128)})
+    arms = compare.figures(results, 1.0, units)["arms"]
+    # a round costs 1 s whatever its size: on-policy's fewer, bigger rounds win
+    on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
+    assert [arms[a]["projected"]["plain"] for a in ("on_policy", "replay", "control")] == [
+        pytest.approx(on), pytest.approx(rep), pytest.approx(ctl)]
+    assert arms["replay"]["vs"]["on_policy"]["projected_ratio"]["plain"] == pytest.approx(2.0)
+    assert arms["replay"]["vs"]["control"]["projected_ratio"]["plain"] == pytest.approx(rep / ctl)
+    # the same counts on a linear curve: on-policy and the control tie, replay pays for its bigger batch
+    units = compare.unit_costs(compare.load_cost(cost_file(tmp_path / "lin.json", lambda R: 0.004 * R,
+                                                           lambda B: 0.001 * B)),
+                               {"on_policy": (256, 256), "replay": (128, 256), "control": (128, 128)})
+    arms = compare.figures(results, 1.0, units)["arms"]
+    assert arms["control"]["vs"]["on_policy"]["projected_ratio"]["plain"] == pytest.approx(1.0)
+
+
+def test_the_cost_curve_is_interpolated_linearly_and_refused_outside_its_range(tmp_path, monkeypatch):
+    points = [[16, 0.5], [32, 1.0], [64, 1.4]]
+    assert compare.interpolate(points, 48, "R =") == pytest.approx(1.2)       # halfway from 1.0 to 1.4
+    assert compare.interpolate(points, 16, "R =") == 0.5 and compare.interpolate(points, 64, "R =") == 1.4
+    with pytest.raises(compare.CompareError, match="control: R = 8 is outside the cost curve's range 16..64"):
+        compare.unit_costs({"curves": {"plain": {"generation": points, "training": points}}},
+                           {"on_policy": (16, 16), "control": (8, 8)})
+    # compare.py refuses it in one line before any run: B = 64 gives a control of R = B = 32 < 64
+    monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("ran"))
+    monkeypatch.setattr(compare, "build_tiny_model", lambda *a: pytest.fail("built"))
+    path = cost_file(tmp_path / "c.json", lambda R: 1.0, lambda B: 1.0, sizes=(64, 128))
+    with pytest.raises(SystemExit):
+        compare.main(["--output-dir", str(tmp_path / "o"), "--batch-size", "64", "--cost", path])
+    # a point that did not fit in memory ends the curve before it
+    oom = json.loads(open(path).read())
+    oom["generation"]["plain"].append({"R": 256, "error": "out of memory"})
+    (tmp_path / "oom.json").write_text(json.dumps(oom))
+    with pytest.raises(compare.CompareError, match="R = 256 is outside the cost curve's range 64..128"):
+        compare.unit_costs(compare.load_cost(str(tmp_path / "oom.json")), {"on_policy": (256, 128)})
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(compare.CompareError, match="not a cost file"):
+        compare.load_cost(str(tmp_path / "bad.json"))
+
+
+def test_replay_against_its_control_is_paired_per_replicate():
+    """Model 0 learns fast, model 1 slowly, model 2 in between, under every arm; replay needs half its
+    control's tokens on each model. Drawn in pairs, every draw says 0.5; the spread of replay's own tokens
+    to the target (its interval) is wide, so a ratio of two intervals could not say it."""
+    curves = ([0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], [0.1, 0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5],
+              [0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    results = {"on_policy": [run_of(c, R=256, B=256) for c in curves],
+               "replay": [run_of(c, R=64, B=128) for c in curves],
+               "control": [run_of(c, R=128, B=128) for c in curves]}
+    ci = compare.bootstrap(results, n=300)
+    assert ci["arms"]["replay"]["vs"]["control"]["token_ratio"] == [pytest.approx(0.5), pytest.approx(0.5)]
+    assert ci["arms"]["replay"]["vs"]["on_policy"]["token_ratio"] == [pytest.approx(0.25), pytest.approx(0.25)]
+    lo, hi = ci["arms"]["replay"]["tokens"]
+    assert hi >= 2 * lo
+    assert compare.default_pairs(["on_policy", "replay", "control", "replay_y3"]) == [
+        ("replay", "on_policy"), ("control", "on_policy"), ("replay_y3", "on_policy"), ("replay", "control")]
+    assert [compare.control_of(a) for a in ("replay", "replay_pbr", "replay_y4", "replay_nonzero", "replay_y3",
+                                           "control", "on_policy")] == [
+        "control", "control", "control_y4", "control_nonzero", None, None, None]
+
+
+def test_bootstrap_covers_the_spread_of_seeds():
+    on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5])] * 3
+    noisy = [run_of([0.1, 0.1 + d, 0.5 + d, 0.5 + d, 0.5 + d, 0.5 + d], R=50) for d in (-0.2, 0.0, 0.1)]
+    ci = compare.bootstrap({"on_policy": on, "replay": noisy}, n=400)
+    lo, hi = ci["arms"]["replay"]["vs"]["on_policy"]["accuracy_diff"]
     assert -0.2 <= lo < 0 < hi <= 0.1 + 1e-9                 # within noise: the interval spans 0
-    assert 0 < ci["not_reached_frac"] < 1                    # resamples of the -0.2 seed alone never reach
+    assert 0 < ci["arms"]["replay"]["not_reached_frac"] < 1  # resamples of the -0.2 seed alone never reach
+    assert ci["arms"]["on_policy"]["not_reached_frac"] == 0  # on-policy always reaches its own target
     assert compare.verdict([0.4, 0.9], [-0.01, 0.02]) == "fewer tokens; final accuracy within noise"
     assert compare.verdict([0.8, 1.3], [0.01, 0.02]) == "tokens within noise; higher final accuracy"
+
+
+def test_target_frac_puts_the_target_on_the_rise_by_hand():
+    on = [run_of([0.4, 0.6, 0.8, 0.9, 0.9, 0.9], R=100)]
+    rep = [run_of([0.4, 0.8, 0.9, 0.9, 0.9, 0.9], R=50)]
+    assert compare.target_accuracy(on, 0.5) == pytest.approx(0.65)            # 0.4 + 0.5 * (0.9 - 0.4)
+    vs = lambda frac, o=on: compare.figures({"on_policy": o, "replay": rep}, frac)["arms"]["replay"]["vs"]["on_policy"]
+    # frac 0.5: on-policy crosses 0.65 between eval 1 (smoothed 0.6) and 2 (0.8), a quarter of the way:
+    # 1000 + 250 tokens; replay between eval 0 (0.4) and 1 (0.8), 0.625 of the way: 312.5
+    assert vs(0.5)["token_ratio"] == pytest.approx(312.5 / 1250)
+    # frac 1: the target is 0.9, met exactly at evals 3 and 2
+    assert vs(1.0)["token_ratio"] == pytest.approx(1000 / 3000)
+    assert vs(0.5)["accuracy_diff"] == pytest.approx(0.0)
+    # a falling on-policy curve (0.5 -> 0.3): the target is its final accuracy, held from eval 1, and both
+    # start above it: the reach evals themselves
+    falling = [run_of([0.5, 0.6, 0.4, 0.3, 0.3, 0.3], R=100)]
+    assert compare.target_accuracy(falling, 0.9) == pytest.approx(0.3)
+    assert vs(0.9, falling)["token_ratio"] == pytest.approx(500 / 1000)
 
 
 def test_arms_follow_their_definitions():
@@ -84,39 +205,66 @@ def test_arms_follow_their_definitions():
         assert flags == compare.arm_flags("replay", 256, 2, 8, 0.3) + ["--is-cap", str(cap)]
     y3 = parse(compare.arm_flags("replay_y3", 240, 2, 8, 0.3))     # each rollout used 3 times: R = B/3
     assert (int(y3["--prompts-per-round"]) * 8, int(y3["--buffer-size"]), int(y3["--batch-size"])) == (80, 240, 240)
+    # y = 4 whatever --replay-ratio: replay_y4 R = B/4, N = B = 4R; its control R = B = N = B/4
+    assert parse(compare.arm_flags("replay_y4", 256, 2, 8, 0.3)) == {
+        "--prompts-per-round": "8", "--buffer-size": "256", "--batch-size": "256"}
+    assert parse(compare.arm_flags("control_y4", 256, 2, 8, 0.3)) == {
+        "--prompts-per-round": "8", "--buffer-size": "64", "--batch-size": "64"}
+    with pytest.raises(SystemExit):                       # B/4 is not a whole number of groups of 8
+        compare.main(["--batch-size", "240", "--arms", "on_policy", "replay_y4", "control_y4"])
     cn = compare.arm_flags("control_nonzero", 256, 2, 8, 0.3)
     # filtered on-policy: R = B/y per round, each kept rollout used once, N leaves room for a round's leftovers
     assert parse(cn) == {"--prompts-per-round": "16", "--buffer-size": "384", "--batch-size": "256"}
     assert cn[-2:] == ["--skip-zero-advantage", "--no-reuse"]
 
 
-def test_quick_comparison_writes_the_summary_and_the_plot(tmp_path, tiny_path):
+def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny_path, monkeypatch):
     # two arms (each run is a process of its own: the suite's slowest test); the control's flags are
     # checked in test_arms_follow_their_definitions
-    summary = compare.main(["--quick", "--output-dir", str(tmp_path), "--arms", "on_policy", "replay"])
-    on_disk = json.load(open(tmp_path / "summary.json"))
+    cost = cost_file(tmp_path / "cost.json", lambda R: 0.001 * R, lambda B: 0.002 * B)
+    records = tmp_path / "records"
+    summary = compare.main(["--quick", "--output-dir", str(tmp_path / "out"), "--arms", "on_policy", "replay",
+                            "--cost", cost, "--records", str(records)])
+    out = tmp_path / "out"
+    on_disk = json.load(open(out / "summary.json"))
     assert on_disk["target_accuracy"] == summary["target_accuracy"]
     assert set(on_disk["arms"]) == {"on_policy", "replay"}
+    assert (on_disk["task"], on_disk["model"], on_disk["cost"]["curves"]) == ("addition", "tiny", ["plain"])
     finals = []
     for name, arm in on_disk["arms"].items():
         assert isinstance(arm["final_accuracy"], float) and 0 <= arm["final_accuracy"] <= 1
         assert arm["seeds"] == 2 and isinstance(arm["entropy"], float) and arm["entropy"] > 0
         for key in ("tokens_to_target", "seconds_to_target"):
             assert arm[key] is None or arm[key] > 0
+        assert len(arm["replicates"]) == 2 and (arm["R"], arm["B"]) == {"on_policy": (256, 256),
+                                                                         "replay": (128, 256)}[name]
         for seed in range(2):
-            rows = [json.loads(l) for l in open(tmp_path / name / f"seed{seed}" / "metrics.jsonl")]
+            folder = out / name / f"seed{seed}"
+            rows = [json.loads(line) for line in open(folder / "metrics.jsonl")]
             assert rows[-1]["gen_tokens"] >= on_disk["budget_tokens"] == 5_000     # one budget for every run
+            # the run read back from its folder and from its record (a few KB, no checkpoints): the same
+            record = records / name / f"seed{seed}.json"
+            assert record.stat().st_size < 20_000
+            from_folder = compare.read_run(str(folder), on_disk["grid_tokens"])
+            assert compare.read_record(json.load(open(record)), on_disk["grid_tokens"]) == from_folder
+            assert {k: v for k, v in arm["replicates"][seed].items() if k != "reach"} == from_folder
             if name == "on_policy":
-                finals.append(compare.read_run(str(tmp_path / name / f"seed{seed}"), on_disk["grid_tokens"])["accuracy"])
+                finals.append(from_folder["accuracy"])
+        point = arm["projected_seconds_to_target"]["plain"]["seconds"]     # rounds x 0.001 R + steps x 0.002 B
+        assert point == pytest.approx(arm["rounds_to_target"] * 0.001 * arm["R"] + arm["steps_to_target"] * 0.002 * arm["B"])
     assert on_disk["target_accuracy"] == pytest.approx(compare.final_accuracy(
         [sum(x) / 2 for x in zip(*finals)]))                                 # the mean curve's last three
     assert on_disk["arms"]["on_policy"]["tokens_to_target"] is not None
-    for name in ("replay",):
-        arm = on_disk["arms"][name]
-        lo, hi = arm["accuracy_diff_ci"]
-        assert lo <= hi and set(arm["projected_time_ratio"]) == {f"{m:g}" for m in on_disk["projected_at_mu"]}
-        assert on_disk["projected_at_mu"][1:] == [8.0, 27.0] and arm["verdict"]
-    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    arm = on_disk["arms"]["replay"]
+    lo, hi = arm["accuracy_diff_ci"]
+    assert lo <= hi and set(arm["projected_time_ratio"]) == {"plain"} and arm["verdict"]
+    assert "vs_control" not in arm and len(arm["time_ratio_ci"]) == 2
+    assert (out / "curves.png").stat().st_size > 10_000
+    # the comparison again, elsewhere, with the records: nothing runs, the same figures
+    monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("a recorded run ran again"))
+    again = compare.main(["--quick", "--output-dir", str(tmp_path / "again"), "--arms", "on_policy", "replay",
+                          "--cost", cost, "--records", str(records)])
+    assert again["arms"] == summary["arms"]
 
 
 def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, monkeypatch, capsys):
@@ -124,21 +272,6 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, monkeypatch, caps
     compare.plot({"arms": {}, "target_accuracy": 0.5}, str(tmp_path / "curves.png"))
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert not (tmp_path / "curves.png").exists()
-
-
-def test_bootstrap_draws_an_arm_and_on_policy_replicate_together():
-    """Replicate i of every arm starts from model i. Here model 0 learns fast and model 1 slowly,
-    under both arms, and replay needs half the tokens on each: drawn in pairs, every resample says
-    0.5; drawn apart, a fast on-policy run could meet a slow replay run."""
-    grid = [0, 1, 2, 3, 4, 5, 6, 7]
-    fast = [0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
-    slow = [0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5]
-    on = [run_of(fast, [100 * k for k in grid], [100 * k for k in grid]),
-          run_of(slow, [100 * k for k in grid], [100 * k for k in grid])]
-    rep = [run_of(fast, [50 * k for k in grid], [100 * k for k in grid]),
-           run_of(slow, [50 * k for k in grid], [100 * k for k in grid])]
-    ci = compare.bootstrap(rep, on, [8.0], n=300)
-    assert ci["token_ratio"] == [pytest.approx(0.5), pytest.approx(0.5)]
 
 
 def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
@@ -213,7 +346,6 @@ def test_an_arms_own_flag_is_refused_in_train_args_only_when_that_arm_runs(tmp_p
     (["--quick", "--sweep-lr", "1e-3", "2e-3"], "--sweep-lr with --quick"),
     (["--sweep-seeds", "3"], "--sweep-seeds 3: replicates of the lr sweep"),
     (["--keep-correct-frac", "0.5"], "--keep-correct-frac 0.5: the delta of the replay_pbr arm"),
-    (["--mu"], "--mu: expected at least one argument"),
 ])
 def test_settings_that_would_do_nothing_or_mislead_are_refused(tmp_path, capsys, compare_runs, argv, message):
     """--sweep-lr with no values ran without a sweep and reported the lr as given; with one model the
@@ -245,17 +377,76 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
         compare.read_run(str(tmp_path), [0, 30_000, 60_000, 90_000])
 
 
-def test_target_frac_puts_the_target_on_the_rise_by_hand():
-    grid = [0, 1, 2, 3, 4, 5]
-    on = [run_of([0.4, 0.6, 0.8, 0.9, 0.9, 0.9], [100 * k for k in grid], [100 * k for k in grid])]
-    rep = [run_of([0.4, 0.8, 0.9, 0.9, 0.9, 0.9], [50 * k for k in grid], [100 * k for k in grid])]
-    assert compare.target_accuracy(on, 0.5) == pytest.approx(0.65)            # 0.4 + 0.5 * (0.9 - 0.4)
-    # frac 0.5: on-policy holds 0.65 from index 2 (smoothed 0.8), replay from index 1 (smoothed 0.8)
-    assert compare.compare_arm(rep, on, [8.0], frac=0.5)["token_ratio"] == pytest.approx(500 / 2000)
-    # frac 1: the target is 0.9, held from index 3 and 2
-    assert compare.compare_arm(rep, on, [8.0])["token_ratio"] == pytest.approx(1000 / 3000)
-    assert compare.compare_arm(rep, on, [8.0], frac=0.5)["accuracy_diff"] == pytest.approx(0.0)
-    # a falling on-policy curve (0.5 -> 0.3): the target is its final accuracy, which it reaches
-    falling = [run_of([0.5, 0.6, 0.4, 0.3, 0.3, 0.3], [100 * k for k in grid], [100 * k for k in grid])]
-    assert compare.target_accuracy(falling, 0.9) == pytest.approx(0.3)
-    assert compare.compare_arm(rep, falling, [8.0], frac=0.9)["token_ratio"] == pytest.approx(500 / 1000)
+
+
+def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monkeypatch):
+    """--records: each finished run leaves DIR/<arm>/seed<i>.json; a comparison elsewhere (another output
+    folder, another machine) with the same flags reads them and runs nothing, builds no model; a changed
+    flag runs them again."""
+    calls = []
+    monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed)))
+    monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", out)) or fake_train(argv, out))
+    monkeypatch.setattr(compare, "plot", lambda *a: None)
+    common = ["--seeds", "2", "--evals", "4", "--bootstrap", "10", "--jobs", "1", "--budget-tokens", "4000",
+              "--records", str(tmp_path / "records")]
+    first = compare.main(common + ["--output-dir", str(tmp_path / "a")])
+    assert len([c for c in calls if c[0] == "run"]) == 6 and len([c for c in calls if c[0] == "build"]) == 2
+    record = json.load(open(tmp_path / "records" / "replay" / "seed1.json"))
+    assert "--output-dir" not in record["argv"] and record["argv"][record["argv"].index("--seed") + 1] == "1"
+    assert compare.read_record(record, first["grid_tokens"]) == compare.read_run(
+        str(tmp_path / "a" / "replay" / "seed1"), first["grid_tokens"])
+    calls.clear()
+    again = compare.main(common + ["--output-dir", str(tmp_path / "b")])
+    assert calls == [] and again["arms"] == first["arms"]
+    compare.main(common + ["--output-dir", str(tmp_path / "c"), "--lr", "2e-3"])
+    assert len([c for c in calls if c[0] == "run"]) == 6
+
+
+def decision_summary(tmp_path):
+    """summary.json of the constructed arms (on-policy, replay and control reach the target at the same
+    tokens: 3000 / R rounds and steps), two identical replicates each."""
+    results = {arm: runs * 2 for arm, runs in arms_reaching_at_equal_tokens().items()}
+    args = argparse.Namespace(task="addition", model="tiny", train_args="", target_frac=1.0, bootstrap=50,
+                              one_model=True, budget_tokens=5000, jobs=2, sweep_lr=None, batch_size=256,
+                              replay_ratio=2, num_generations=8, keep_correct_frac=0.3)
+    summary = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000], {"on_policy": 1e-3})
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    return summary, path
+
+
+def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
+    summary, path = decision_summary(tmp_path)
+    reach = summary["arms"]["replay"]["replicates"][1]["reach"]          # each replicate's own reach point
+    assert reach == {"tokens": 3000, "seconds": 3.0, "rounds": pytest.approx(3000 / 128),
+                     "steps": pytest.approx(3000 / 128)}
+    assert summary["arms"]["replay"]["vs_control"]["arm"] == "control"
+    flat = cost_file(tmp_path / "flat.json", lambda R: 1.0, lambda B: 0.001 * B)
+    answer = compare.main(["--summary", str(path), "--cost", flat])
+    out = capsys.readouterr().out
+    assert "task addition, model tiny" in out and "plain generation): on_policy reaches the target first" in out
+    # measured, every arm took 3 s; the flat curve projects replay at 2x on-policy: the check says they disagree
+    assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (OUTSIDE the measured" in out
+    on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
+    assert answer["plain"]["fastest"] == "on_policy" and answer["plain"]["seconds"] == pytest.approx(on)
+    # on-policy's time / each other arm's, point [interval]: identical replicates, no spread
+    assert answer["plain"]["ratio_to"] == {"replay": [pytest.approx(on / rep)] * 3,
+                                           "control": [pytest.approx(on / ctl)] * 3}
+    assert answer["measured"]["ratio_to"]["replay"][0] == pytest.approx(1.0)   # 3 s each, as logged
+    # a curve that costs more per rollout the bigger the call: the control's small rounds and batches win
+    steep = cost_file(tmp_path / "steep.json", lambda R: 1e-5 * R * R, lambda B: 1e-5 * B * B)
+    steep_answer = compare.decide(str(path), steep)["plain"]
+    assert steep_answer["fastest"] == "control" and steep_answer["seconds"] == pytest.approx(
+        (3000 / 128) * 2e-5 * 128 * 128)
+    # a summary from before per-replicate runs: the same point figures, no intervals
+    old = json.loads(path.read_text())
+    del old["args"], old["task"]
+    for arm in old["arms"].values():
+        del arm["replicates"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    points = compare.decide(str(tmp_path / "old.json"), flat)
+    assert points["plain"]["fastest"] == "on_policy" and points["plain"]["ratio_to"]["replay"] == [pytest.approx(on / rep)]
+    assert "task and model: not recorded" in capsys.readouterr().out
+    with pytest.raises(SystemExit):                      # outside the curve: one line, no answer
+        compare.main(["--summary", str(path), "--cost", cost_file(tmp_path / "big.json", lambda R: 1.0,
+                                                                  lambda B: 1.0, sizes=(256, 512))])

@@ -129,7 +129,12 @@ COMPARE = {
     "keep_correct_frac": [("--arms on_policy replay_pbr --keep-correct-frac 0.4",
                            lambda w: {c.keep_correct_frac for c in w.arm("replay_pbr")} == {0.4}),
                           ("--keep-correct-frac 0.4", REFUSED)],
-    "mu": [("--mu 3 5", lambda w: w.summary["projected_at_mu"] == [3.0, 5.0]), ("--mu", REFUSED)],
+    "cost": [("--cost {tmp}/cost.json", lambda w: w.summary["cost"]["file"].endswith("/cost.json")
+              and "seconds" in w.summary["arms"]["replay"]["projected_seconds_to_target"]["plain"]),
+             ("--cost {tmp}/reward.py", REFUSED)],
+    "records": [("--records {tmp}/rec", lambda w: os.path.isfile(f"{w.tmp}/rec/replay/seed0.json"))],
+    # --summary runs nothing and writes nothing: its answer is checked in test_compare (decide)
+    "summary": [("--summary {tmp}/reward.py", REFUSED)],
     "bootstrap": [("--bootstrap 20", lambda w: "(20 resamples)" in w.summary["intervals"])],
     "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9)],
     "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
@@ -211,6 +216,9 @@ def world(tmp_path, monkeypatch, request):
     session, and {tmp} / {run} / {ckpt} (a saved run, made on first use) for the command lines."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reward.py").write_text("def exact(prompt, completion):\n    return 1.0\n")
+    (tmp_path / "cost.json").write_text(json.dumps({                 # a cost curve (benchmarks/cost.py)
+        "generation": {"plain": [{"R": r, "seconds": r / 100} for r in (16, 512)]},
+        "training": [{"B": b, "seconds": b / 200} for b in (16, 512)]}))
     monkeypatch.setattr(tasks, "load_task", cached_task)
     w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[])
 

@@ -150,19 +150,21 @@ def test_plot_runs_overlays_one_line_per_run_named_by_its_folder(tmp_path):
     assert plot.run_names(["x/runs/a", "y/runs/b"]) == ["a", "b"]
 
 
-def test_plot_arms_draws_compare_curves_and_the_projected_cost(tmp_path, capsys):
-    curve = {"tokens": [0, 100, 200], "seconds": [0, 1.0, 2.0], "generated": [0, 10, 20], "trained": [0, 10, 20],
+def test_plot_arms_draws_compare_curves_and_the_projected_time(tmp_path, capsys):
+    curve = {"tokens": [0, 100, 200], "seconds": [0, 1.0, 2.0], "projected": {"plain": [0, 3.0, 6.0]},
              "accuracy": [0.2, 0.3, 0.4], "min": [0.2, 0.25, 0.35], "max": [0.2, 0.35, 0.45]}
-    replay = {**curve, "generated": [0, 5, 10], "accuracy": [0.2, 0.35, 0.38]}
+    replay = {**curve, "projected": {"plain": [0, 2.5, 5.5]}, "accuracy": [0.2, 0.35, 0.38]}
     summary = {"arms": {"on_policy": {"curve": curve}, "replay": {"curve": replay}}, "target_accuracy": 0.39,
-               "projected_at_mu": [0.57, 8.0, 27.0]}
+               "cost": {"file": "cost.json", "curves": ["plain"]}}
     fig = plot.plot_arms(summary, str(tmp_path / "arms.png"))
     assert (tmp_path / "arms.png").stat().st_size > 10_000
-    projected = axes_titled(fig, "PROJECTED cost at mu = 8")
-    assert list(line(projected, "replay").get_xdata()) == [0, 8 * 5 + 10, 8 * 10 + 20]
+    projected = axes_titled(fig, "PROJECTED time (plain curve)")
+    assert list(line(projected, "replay").get_xdata()) == [0, 2.5, 5.5]
     assert [ln.get_ydata()[0] for ln in projected.get_lines() if ln.get_gid() is None] == [0.39]   # the target
     compare.plot(summary, str(tmp_path / "curves.png"))                  # compare.py draws with plot.py
     assert (tmp_path / "curves.png").stat().st_size > 10_000 and "curves:" in capsys.readouterr().out
+    del summary["cost"]                 # no cost curve: no projection, tokens and measured time only
+    assert len(plot.plot_arms(summary, str(tmp_path / "two.png")).axes) == 2
 
 
 def test_cli_writes_the_run_figure_or_the_overlay_and_refuses_a_folder_that_is_not_a_run(tmp_path, capsys,

@@ -71,6 +71,10 @@ def test_replay_ratio_is_printed(tmp_path, capsys, tiny_path):
                 "--eval-prompts", "20"])
     out = capsys.readouterr().out
     assert "replay ratio K*B/R = 6.00" in out and "staleness horizon N/R = 3.0 rounds" in out
+    # the end: measured counts only. Round 1 (16 rollouts) fills no batch of 32; round 2 makes 3 updates
+    # of 32: 96 trained on from 32 generated
+    assert "rollouts: 32 generated, 96 trained on: each used 3.00 times on average" in out
+    assert "saved" not in out and "% generating)" in out
 
 
 def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
