@@ -136,7 +136,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 asymre_tau: float = 0.1):
     """The off-policy policy-gradient loss (see the module docstring for the formulas).
 
-    logp, behaviour_logp, mask: [B, T];  advantage: [B], the group-normalized A of tis and ppo.
+    logp, behaviour_logp, mask: [B, T];  advantage: [B], the group-normalized A of tis and ppo
+    (one per rollout: a per-token [B, T] would broadcast to [B, B, T], so it raises).
     asymre uses no advantage: it needs reward r [B] and baseline V [B] (the group's mean reward)
     and weighs log pi by r - (V - asymre_tau); without them it raises.   Returns (loss, metrics).
     With beta > 0 and ref_logp [B, T] (the reference model's log-probs), adds beta * KL, with the
@@ -153,9 +154,16 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
             raise ValueError("loss_type 'asymre' weighs log pi by r - (V - tau), not by the "
                              "group-normalized advantage: pass reward and baseline (V, the mean "
                              "reward of each rollout's group)")
-        A = (reward - (baseline - asymre_tau))[:, None]
+        A = reward - (baseline - asymre_tau)
     else:
-        A = advantage[:, None]
+        A = advantage
+    # One coefficient per rollout. A per-token [batch, completion_len] would broadcast against
+    # logp to [batch, batch, completion_len] below and give a wrong loss without an error.
+    if A is None or A.shape != logp.shape[:1]:
+        raise ValueError(f"the advantage (asymre: reward and baseline) must have shape [batch] = "
+                         f"{list(logp.shape[:1])}, one value per rollout; got "
+                         f"{None if A is None else list(A.shape)}")
+    A = A[:, None]                                                   # [batch, 1]
     if loss_type == "tis":
         weight = ratio.detach().clamp(max=is_cap)
         per_token = -weight * A * logp
