@@ -136,8 +136,10 @@ def resumed(cfg, state, saved_config: dict) -> None:
 
 
 def summary(cfg, state, run_dir: str) -> None:
-    """The end-of-run lines: accuracy, tokens and the time split, mu, what replay saved, and the
-    counts of anything skipped. cfg: train.Config; state: train.LoopState."""
+    """The end-of-run lines: accuracy, tokens and the time split, the generation/training cost
+    ratio (seconds per generated rollout / per trained rollout; not mu, the behaviour policy),
+    what replay saved, and the counts of anything skipped. cfg: train.Config; state:
+    train.LoopState."""
     first, last = state.first_accuracy, state.last_accuracy
     total = state.gen_seconds + state.train_seconds
     say(cfg, f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state.step} steps "
@@ -147,9 +149,9 @@ def summary(cfg, state, run_dir: str) -> None:
         f"({100 * state.gen_seconds / max(total, 1e-9):.0f}% generating)")
     generated, trained = state.round * cfg.rollouts_per_round, state.rollouts_trained
     if generated and trained and state.train_seconds > 0:
-        mu = (state.gen_seconds / generated) / (state.train_seconds / trained)
-        say(cfg, f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one "
-            f"(on a GPU, 8-27)")
+        cost_ratio = (state.gen_seconds / generated) / (state.train_seconds / trained)
+        say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
+            f"/ to train on one (on a GPU, 8-27)")
         if trained > generated:
             # An on-policy run (R = B, K = 1) generates one rollout per rollout trained.
             on_policy_tokens = state.gen_tokens * trained / generated
