@@ -28,7 +28,8 @@ from pathlib import Path
 REPO_URL = "https://github.com/YOUR-ACCOUNT/replay-rl"      # the repository that holds replay-rl
 SMALL = os.environ.get("REPLAY_RL_NOTEBOOK_SMALL") == "1"  # tiny settings: the test suite, on CPU
 
-root = next((d for d in [Path.cwd(), *Path.cwd().parents] if (d / "train.py").is_file()), None)
+around = [Path.cwd(), *Path.cwd().parents, Path("replay-rl").resolve()]     # the last: an earlier clone
+root = next((d for d in around if (d / "train.py").is_file()), None)
 if root is None:
     if "YOUR-ACCOUNT" in REPO_URL:
         raise SystemExit("set REPO_URL in this cell to the repository that holds replay-rl")
