@@ -7,7 +7,8 @@ The buffer holds up to ``capacity`` rollouts; adding more evicts the oldest firs
 so every rollout can be used several times before it is evicted. The average number of
 uses is the replay ratio. Each rollout keeps the policy version that generated it, so
 its age (current version - generating version, in optimizer steps) is known when it is
-replayed; ``max_age`` optionally drops rollouts that have grown too stale.
+replayed; ``max_age`` optionally drops rollouts that have grown too stale, but only when the
+caller runs ``drop_stale(current_version)`` (``add`` and ``sample`` do not know the current version).
 
 Two retention variants from the paper's discussion:
   keep_correct_frac = delta > 0   positive-bias retention: when full, keep the freshest
@@ -33,11 +34,11 @@ import torch
 class Rollout:
     """One sampled completion and everything the loss needs to replay it later.
 
-    prompt_ids:      [P] prompt token ids (no padding)
-    completion_ids:  [C] completion token ids, up to and including the first EOS
+    prompt_ids:      [prompt_len] prompt token ids (no padding)
+    completion_ids:  [completion_len] completion token ids, up to and including the first EOS
                      (no EOS when generation hit max_new_tokens); no padding
-    behaviour_logp:  [C] log mu(y_t | y_<t): log-prob of each completion token under the
-                     policy that sampled it, at the sampling temperature
+    behaviour_logp:  [completion_len] log mu(o_t | o_<t): log-prob of each completion token under
+                     the policy that sampled it (mu), at the sampling temperature T
     reward:          scalar reward of the completion
     advantage:       group-normalized advantage, fixed at generation time (never recomputed)
     policy_version:  optimizer steps taken by the policy that generated it
@@ -55,6 +56,12 @@ class Rollout:
 
 
 class ReplayBuffer:
+    """FIFO of up to ``capacity`` (N) rollouts, sampled uniformly without removal.
+
+    max_age (optimizer steps) acts only through ``drop_stale(current_version)``, which the caller
+    runs before sampling (train.py does, at every update): nothing else here drops stale rollouts.
+    """
+
     def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0,
                  keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False):
         if capacity <= 0:
@@ -92,7 +99,9 @@ class ReplayBuffer:
         self.items = [older[i] for i in kept] + fresh
 
     def drop_stale(self, current_version: int) -> int:
-        """Evict rollouts older than max_age optimizer steps. Returns how many were dropped."""
+        """Evict rollouts older than max_age optimizer steps. Returns how many were dropped.
+
+        The only place max_age acts: call it with the current policy version before ``sample``."""
         if self.max_age is None:
             return 0
         before = len(self.items)
@@ -142,38 +151,39 @@ class ReplayBuffer:
         self.generator.set_state(state["generator_state"])
 
 
-def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> dict[str, torch.Tensor]:
+def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = None) -> dict[str, torch.Tensor]:
     """Pad a list of rollouts into one batch for a training forward.
 
     Prompts are left-padded and completions right-padded, so every completion starts at the
-    same column P (= longest prompt):   [pad pad p p p | c c c EOS pad]
-    Returns
-      input_ids, attention_mask, position_ids: [B, P + C]
-      completion_mask:  [B, C]  1 on real completion tokens (EOS included), 0 on padding
-      behaviour_logp:   [B, C]  (0 on padding)
-      advantage, reward, baseline:  [B]
-      age:              [B]  current_version - policy_version
+    same column (prompt_len = the longest prompt):   [pad pad p p p | c c c EOS pad]
+    Returns, with batch = len(rollouts) and completion_len = the longest completion:
+      input_ids, attention_mask, position_ids: [batch, prompt_len + completion_len]
+      completion_mask:  [batch, completion_len]  1 on real completion tokens (EOS included), 0 on padding
+      behaviour_logp:   [batch, completion_len]  (0 on padding)
+      advantage, reward, baseline:  [batch]
+      age:              [batch]  current_version - policy_version, only when current_version is
+                        given (a default of 0 would give negative ages for later rollouts)
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     """
-    B = len(rollouts)
+    batch = len(rollouts)
     prompt_lens = torch.tensor([len(r.prompt_ids) for r in rollouts])
     completion_lens = torch.tensor([len(r.completion_ids) for r in rollouts])
-    P, C = int(prompt_lens.max()), int(completion_lens.max())
+    prompt_len, completion_len = int(prompt_lens.max()), int(completion_lens.max())
     # Masks of the cells that hold prompt and completion tokens. Boolean-mask assignment fills
     # cells in row-major order, so writing the concatenated tokens through a mask places every
     # rollout's tokens in its row: a per-rollout copy in a few vectorized ops.
-    column = torch.arange(P + C)
-    is_prompt = (column >= P - prompt_lens[:, None]) & (column < P)
-    is_completion = (column >= P) & (column < P + completion_lens[:, None])
-    input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    column = torch.arange(prompt_len + completion_len)
+    is_prompt = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
+    is_completion = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
+    input_ids = torch.full((batch, prompt_len + completion_len), pad_id, dtype=torch.long)
     input_ids[is_prompt] = torch.cat([r.prompt_ids for r in rollouts])
     input_ids[is_completion] = torch.cat([r.completion_ids for r in rollouts])
     attention_mask = (is_prompt | is_completion).long()
-    completion_mask = is_completion[:, P:]
-    behaviour_logp = torch.zeros((B, C))
+    completion_mask = is_completion[:, prompt_len:]
+    behaviour_logp = torch.zeros((batch, completion_len))
     behaviour_logp[completion_mask] = torch.cat([r.behaviour_logp for r in rollouts])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return {
+    cols = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "position_ids": position_ids,
@@ -182,5 +192,11 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int = 0) -> d
         "advantage": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
         "reward": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         "baseline": torch.tensor([r.baseline for r in rollouts], dtype=torch.float32),
-        "age": torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32),
     }
+    if current_version is not None:
+        age = torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32)
+        if (age < 0).any():
+            raise ValueError(f"current_version {current_version} is older than a rollout's policy_version "
+                             f"{max(r.policy_version for r in rollouts)}: pass the policy's optimizer steps so far")
+        cols["age"] = age
+    return cols

@@ -161,9 +161,9 @@ def config_problem(cfg) -> str | None:
         if getattr(cfg, name) % W:
             return (f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be a multiple of the "
                     f"number of processes ({W}): each generates, keeps and samples its share")
-    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
-        return ("--report-to tensorboard: the tensorboard package is not installed "
-                "(pip install tensorboard)")
+    if cfg.report_to != "none" and importlib.util.find_spec(cfg.report_to) is None:
+        return (f"--report-to {cfg.report_to}: the {cfg.report_to} package is not installed "
+                f"(pip install {cfg.report_to})")
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
     if cfg.buffer_size < cfg.rollouts_per_round:

@@ -3,12 +3,12 @@
     python minimal.py       # the demo model learns to carry in 2-digit sums, a minute or so on CPU
 
 Each round: sample G completions for each of P prompts with the current policy, storing for every
-token its behaviour log-prob log mu(y_t) and for every completion its group-normalized advantage
+token o_t its behaviour log-prob log mu(o_t) and for every completion its group-normalized advantage
 A = (r - mean(r)) / std(r). Add the R = P x G new rollouts to a FIFO buffer of N; take one
 optimizer step on B rollouts drawn from it uniformly. With R = 128 and B = N = 256 each rollout
 is used twice (replay ratio y = B/R = 2), once fresh and once a step stale. The staleness is
 corrected by truncated importance weights (w_t without gradient; token mean over the batch):
-    rho_t = pi_theta(y_t) / mu(y_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(y_t)
+    rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
 train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
 checks that the update here gives train.py's loss and gradient.
 """
@@ -31,7 +31,7 @@ ROUNDS, EVAL_EVERY = 100, 25
 def update(model, optimizer, batch, pad_id: int, max_grad_norm: float = 1.0) -> dict:
     """One truncated-IS policy-gradient step on a batch of rollouts; the loss and metrics."""
     cols = collate(batch, pad_id)                   # padded: tokens, masks, logp, advantages
-    logp, _ = completion_logp(model, cols)          # log pi_theta(y_t), [B, C], with gradient
+    logp, _ = completion_logp(model, cols)          # log pi_theta(o_t), [batch, completion_len]
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=IS_CAP)
     optimizer.zero_grad()

@@ -1,19 +1,19 @@
 """The policy (a causal LM with LoRA), the off-policy policy-gradient loss and the update step.
 
     loss_type "tis" (default), truncated importance sampling, token level:
-        rho_t = pi_theta(y_t) / mu(y_t)          mu = the policy that generated the rollout
+        rho_t = pi_theta(o_t) / mu(o_t)          mu = the policy that generated the rollout
         w_t   = min(rho_t, C)                    C = is_cap, no gradient through w_t
-        L     = - sum_t w_t * A * log pi_theta(y_t)       (normalized, see below)
+        L     = - sum_t w_t * A * log pi_theta(o_t)       (normalized, see below)
     loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy, no KL term:
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - eps, 1 + eps) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
-        L     = - sum_t (r - (V - tau)) * log pi_theta(y_t)      V = mean reward of the group
+        L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = mean reward of the group
         (policy_loss takes r and V as ``reward`` and ``baseline`` and forms the coefficient itself:
         not the group-normalized A; tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
--A * grad log pi.
+-A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
 """
 from __future__ import annotations
 
@@ -35,15 +35,17 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
                 trust_remote_code: bool = False):
     """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
 
-    Returns (peft_model, tokenizer). Only the LoRA weights are trainable. The tokenizer pads on
-    the left (prompts for generate) and falls back to EOS as the pad token. load_in_4bit: nf4
-    weights with double quantization, computing in ``dtype``. gradient_checkpointing: recompute
-    activations in backward (less memory, ~30% more training time).
+    Returns (peft_model, tokenizer): pi_theta, with only the LoRA weights trainable. For exact
+    importance ratios the model samples with only the settings rollout.py passes (the checkpoint's
+    own generation defaults are dropped) and without dropout, so on fresh data rho = 1.
+    Engineering: the tokenizer pads on the left (prompts for generate) and falls back to EOS as
+    the pad token. load_in_4bit: nf4 weights with double quantization, computing in ``dtype``.
+    gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
     """
     from peft import LoraConfig, get_peft_model
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    # AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer), which rebuilds the
+    # Engineering: AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer), which rebuilds the
     # pre-tokenizer: for a folder whose tokenizer.json is not Qwen's own (e.g. a character vocabulary)
     # that silently drops spaces. Then the tokenizer.json exactly as saved is the right one.
     probe = "12 + 3 = 15"
@@ -70,7 +72,7 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
         from peft import prepare_model_for_kbit_training
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        # bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate), after
+        # Engineering: bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate), after
         # which backward silently gives no LoRA gradients; this flag keeps the plain layout.
         for module in model.modules():
             if hasattr(module, "support_avx512bf16_for_cpu"):
@@ -78,7 +80,7 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     else:
         model.to(device)
         if gradient_checkpointing:
-            # transformers renamed the method (and its keyword); the old name is deprecated
+            # Engineering: transformers renamed the method (and its keyword); the old name is deprecated
             if hasattr(model, "activation_checkpointing_enable"):
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
@@ -102,26 +104,29 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
 
 
 def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 1.0):
-    """log pi_theta(y_t | y_<t) of every completion column, and the policy entropy there.
+    """log pi_theta(o_t | o_<t) of every completion column, and the policy entropy there.
 
-    batch from ``collate``: input_ids [B, P + C], completion_mask [B, C].
-    The logits at column j predict token j + 1, so completion tokens (columns P .. P+C-1) are
-    scored by the logits of columns P-1 .. P+C-2; only those C columns are materialized.
-    Returns logp [B, C] (with gradient) and entropy [B, C] (no gradient).
+    batch from ``collate``: input_ids [batch, prompt_len + completion_len], completion_mask
+    [batch, completion_len]. The logits at column j predict token j + 1, so the completion tokens
+    (columns prompt_len .. prompt_len + completion_len - 1) are scored by the logits one column
+    to their left; only those completion_len columns are materialized. The logits are divided by
+    the sampling temperature T, as they were when mu sampled.
+    Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no gradient).
     """
-    C = batch["completion_mask"].shape[1]
+    completion_len = batch["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
     out = model(input_ids=batch["input_ids"][:, :-1], attention_mask=batch["attention_mask"][:, :-1],
-                position_ids=batch["position_ids"][:, :-1], logits_to_keep=C)
-    # Each full-vocabulary pass over [B, C, V] costs as much as a small matmul (on a GPU, with a
-    # 152k vocabulary, each was ~2% of a training step): no division when T = 1, and the entropy's
-    # sum_v p_v z_v as a batched dot product (einsum), without a [B, C, V] product in between.
-    logits = out.logits.float()                                      # [B, C, V]
+                position_ids=batch["position_ids"][:, :-1], logits_to_keep=completion_len)
+    # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
+    # small matmul (on a GPU, with a 152k vocabulary, each was ~2% of a training step): no division
+    # when T = 1, and the entropy's sum_v p_v z_v as a batched dot product (einsum), without a
+    # [batch, completion_len, vocab] product in between.
+    logits = out.logits.float()                                      # [batch, completion_len, vocab]
     if temperature != 1.0:
         logits = logits / temperature
-    tokens = batch["input_ids"][:, -C:]
-    log_z = torch.logsumexp(logits, dim=-1)                          # [B, C]
+    tokens = batch["input_ids"][:, -completion_len:]
+    log_z = torch.logsumexp(logits, dim=-1)                          # [batch, completion_len]
     logp = logits.gather(-1, tokens[..., None]).squeeze(-1) - log_z
     with torch.no_grad():       # H = log Z - sum_v p_v z_v
         entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(logits, -1), logits)
@@ -136,12 +141,14 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 asymre_tau: float = 0.1):
     """The off-policy policy-gradient loss (see the module docstring for the formulas).
 
-    logp, behaviour_logp, mask: [B, T];  advantage: [B], the group-normalized A of tis and ppo.
-    asymre uses no advantage: it needs reward r [B] and baseline V [B] (the group's mean reward)
-    and weighs log pi by r - (V - asymre_tau); without them it raises.   Returns (loss, metrics).
-    With beta > 0 and ref_logp [B, T] (the reference model's log-probs), adds beta * KL, with the
-    per-token estimate  kl_t = exp(d_t) - d_t - 1,  d_t = log pi_ref(y_t) - log pi_theta(y_t)  (>= 0),
-    normalized like the policy term.
+    logp, behaviour_logp, mask: [batch, completion_len];  advantage: [batch], one A per rollout
+    (tis and ppo; anything else, e.g. a per-token [batch, completion_len], raises: it would
+    broadcast to [batch, batch, completion_len] and give a wrong loss silently).
+    asymre uses no advantage: it needs reward r [batch] and baseline V [batch] (the group's mean
+    reward) and weighs log pi by r - (V - asymre_tau); without them it raises. Returns (loss, metrics).
+    With beta > 0 and ref_logp [batch, completion_len] (the reference model's log-probs), adds
+    beta * KL, with the per-token estimate  kl_t = exp(d_t) - d_t - 1,
+    d_t = log pi_ref(o_t) - log pi_theta(o_t)  (>= 0), normalized like the policy term.
     metrics (0-dim tensors): is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
     tokens whose weight was cut to the cap (tis) or whose clipped term was active (ppo);
     approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta).
@@ -153,9 +160,16 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
             raise ValueError("loss_type 'asymre' weighs log pi by r - (V - tau), not by the "
                              "group-normalized advantage: pass reward and baseline (V, the mean "
                              "reward of each rollout's group)")
-        A = (reward - (baseline - asymre_tau))[:, None]
+        A = reward - (baseline - asymre_tau)
     else:
-        A = advantage[:, None]
+        A = advantage
+    # One coefficient per rollout. A per-token [batch, completion_len] would broadcast against
+    # logp to [batch, batch, completion_len] below and give a wrong loss without an error.
+    if A is None or A.shape != logp.shape[:1]:
+        raise ValueError(f"the advantage (asymre: reward and baseline) must have shape [batch] = "
+                         f"{list(logp.shape[:1])}, one value per rollout; got "
+                         f"{None if A is None else list(A.shape)}")
+    A = A[:, None]                                                   # [batch, 1]
     if loss_type == "tis":
         weight = ratio.detach().clamp(max=is_cap)
         per_token = -weight * A * logp
@@ -207,12 +221,15 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
                 loss_scale: float = 1.0) -> dict:
     """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
 
+    The loss is policy_loss on log pi_theta (completion_logp at the sampling temperature) against
+    the stored behaviour log-probs; a rollout's age is policy_version (steps so far) minus its own.
     Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
     for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
     A step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
-    and the optimizer state stay as they were. Under torchrun each process passes its share of the
-    batch; the step and the metrics are those of the whole batch, the same on every process, at
-    three collectives a step: the batch's counts, the gradients with the metric sums, the maxima.
+    and the optimizer state stay as they were.
+    Engineering: under torchrun each process passes its share of the batch; the step and the
+    metrics are those of the whole batch, the same on every process, at three collectives a step:
+    the batch's counts, the gradients with the metric sums, the maxima.
     loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
     gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
     between, the gradients of the fp16 activations are S times larger, so the small ones do not

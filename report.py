@@ -1,10 +1,11 @@
-"""What a run writes and prints: metrics.jsonl, TensorBoard scalars, curves.png, the progress bar
-and the end-of-run summary. Rank 0 writes and prints; on the other ranks of a torchrun job the
+"""What a run writes and prints: metrics.jsonl, TensorBoard scalars or a Weights & Biases run,
+curves.png, the progress bar and the end-of-run summary. Rank 0 writes and prints; on the other ranks of a torchrun job the
 same calls do nothing, so the loop calls them on every rank alike.
 """
 from __future__ import annotations
 
 import importlib.util
+import dataclasses
 import json
 import os
 import sys
@@ -21,14 +22,15 @@ COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skip
 
 class Report:
     """The run folder's metrics.jsonl (one JSON object a line: a step, or an eval), the same
-    figures as TensorBoard scalars (--report-to tensorboard), curves.png and the progress bar.
+    figures as TensorBoard scalars (--report-to tensorboard) or in a W&B run (--report-to wandb),
+    curves.png and the progress bar.
     cfg: train.Config; state: train.LoopState, as loaded when resumed: metrics.jsonl is then cut
     back to its length at the checkpoint (later lines belong to an abandoned timeline)."""
 
     def __init__(self, run_dir: str, cfg, state, resumed: bool):
         from tqdm import tqdm
 
-        self.run_dir, self.metrics, self.board = run_dir, None, None
+        self.run_dir, self.metrics, self.board, self.wandb = run_dir, None, None, None
         have_matplotlib = importlib.util.find_spec("matplotlib") is not None
         self.plot = cfg.plot and distributed.is_main() and have_matplotlib
         if distributed.is_main():
@@ -41,6 +43,8 @@ class Report:
                 from torch.utils.tensorboard import SummaryWriter
                 self.board = SummaryWriter(log_dir=run_dir,
                                            purge_step=state.step + 1 if resumed else None)
+            if cfg.report_to == "wandb":
+                self.wandb = WandbRun(run_dir, cfg, resumed)
             if cfg.plot and not have_matplotlib:
                 say(cfg, "matplotlib is not installed: no curves.png (pip install matplotlib; "
                     "or python plot.py RUN later)")
@@ -49,7 +53,7 @@ class Report:
 
     def row(self, state, row: dict) -> int:
         """One line of metrics.jsonl, the loop state's COUNTERS then the row (and its numbers as
-        TensorBoard scalars, at the step). Returns the length of metrics.jsonl (0 on the other
+        TensorBoard scalars at the step, or a W&B step). Returns the length of metrics.jsonl (0 on the other
         ranks, which save no loop state). state: train.LoopState."""
         if self.metrics is None:
             return 0
@@ -61,6 +65,8 @@ class Report:
                 if isinstance(value, (int, float)) and key != "step":
                     tag = ("eval/" if key.startswith("eval_") else "train/") + key
                     self.board.add_scalar(tag, value, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(row)
         return self.metrics.tell()
 
     def curves(self) -> None:
@@ -83,6 +89,53 @@ class Report:
             self.metrics.close()
         if self.board is not None:
             self.board.close()
+        if self.wandb is not None:
+            self.wandb.run.finish()
+
+
+class WandbRun:
+    """--report-to wandb: each line of metrics.jsonl as one W&B step (its line number, from 0, so
+    a step line and an eval line never merge), with the same keys, charted against the round; the
+    run's config as W&B's config. wandb.json in the run folder keeps the W&B run's id and how many
+    lines it holds, so --resume continues the same W&B run: lines it lacks are sent from
+    metrics.jsonl, and lines it already holds (rounds re-run after the checkpoint) are not sent
+    again: W&B keeps their first values, each line once."""
+
+    def __init__(self, run_dir: str, cfg, resumed: bool):
+        import wandb
+
+        self.path = os.path.join(run_dir, "wandb.json")
+        saved = {}
+        if resumed and os.path.exists(self.path):
+            with open(self.path) as f:
+                saved = json.load(f)
+        self.held = saved.get("lines", 0)           # lines of metrics.jsonl the W&B run holds
+        config = {**dataclasses.asdict(cfg), "world_size": distributed.world_size()}
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "replay-rl"),
+                              name=os.path.basename(os.path.abspath(run_dir)), id=saved.get("id"),
+                              resume="allow", dir=os.environ.get("WANDB_DIR", run_dir),
+                              settings=wandb.Settings(console="off"))
+        self.run.config.update(config, allow_val_change=True)      # may change with --resume
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:     # as cut back to the checkpoint
+            kept = [json.loads(line) for line in f]
+        self.line = self.held
+        for row in kept[self.held:]:                # written while not reporting to this W&B run
+            self.log(row)
+        self.line = len(kept)
+        if self.held > self.line:
+            say(cfg, f"W&B run {self.run.id}: lines {self.line}-{self.held - 1} of metrics.jsonl "
+                "(rounds re-run after the checkpoint) keep there the values of their first run")
+
+    def log(self, row: dict) -> None:
+        if self.line >= self.held:
+            self.run.log(row, step=self.line)
+            self.held = self.line + 1
+            with open(self.path + ".tmp", "w") as f:
+                json.dump({"id": self.run.id, "lines": self.held}, f)
+            os.replace(self.path + ".tmp", self.path)
+        self.line += 1
 
 
 def peak_memory(stats: dict, phase: str) -> None:
@@ -136,8 +189,10 @@ def resumed(cfg, state, saved_config: dict) -> None:
 
 
 def summary(cfg, state, run_dir: str) -> None:
-    """The end-of-run lines, all measured: accuracy, tokens and the time split, mu, how often a
-    rollout was used, and the counts of anything skipped. cfg: train.Config; state: train.LoopState."""
+    """The end-of-run lines, all measured: accuracy, tokens and the time split, the
+    generation/training cost ratio (seconds per generated rollout / per trained rollout; not mu,
+    the behaviour policy), how often a rollout was used, and the counts of anything skipped.
+    cfg: train.Config; state: train.LoopState."""
     first, last = state.first_accuracy, state.last_accuracy
     total = state.gen_seconds + state.train_seconds
     say(cfg, f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state.step} steps "
@@ -147,9 +202,9 @@ def summary(cfg, state, run_dir: str) -> None:
         f"({100 * state.gen_seconds / max(total, 1e-9):.0f}% generating)")
     generated, trained = state.round * cfg.rollouts_per_round, state.rollouts_trained
     if generated and trained and state.train_seconds > 0:
-        mu = (state.gen_seconds / generated) / (state.train_seconds / trained)
-        say(cfg, f"measured mu = {mu:.2f}: seconds to generate one rollout / to train on one "
-            f"(on a GPU, 8-27)")
+        cost_ratio = (state.gen_seconds / generated) / (state.train_seconds / trained)
+        say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
+            f"/ to train on one")
     if generated and trained:
         say(cfg, f"rollouts: {generated:,} generated, {trained:,} trained on: each used "
             f"{trained / generated:.2f} times on average")

@@ -14,24 +14,25 @@ from buffer import Rollout
 
 
 class BehaviourLogProbs(LogitsProcessor):
-    """Records log mu(y_t) of every sampled token while ``generate`` runs, with no second forward.
+    """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
 
-    ``generate`` calls this processor at step t with the logits z_t [B, V] (after generate's own
-    processors such as a repetition penalty, which must be off: load_policy resets the model's
-    generation_config; before temperature and top-p) and with input_ids that end with the token
-    sampled at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next
-    call; the last step is gathered in ``finish``. Memory stays O(B * V), not O(B * T * V).
-    (On MPS, transformers runs one decode step more than it returns, so as not to wait on the
-    device; ``finish`` drops that step.)
-    log mu is the temperature-scaled softmax, the same distribution the loss evaluates; top-p
-    truncation is not modelled (keep top_p = 1.0 for exact importance ratios).
+    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits of step t and T the temperature:
+    the same distribution the loss evaluates. top-p truncation is not modelled (keep top_p = 1.0
+    for exact importance ratios), and nothing else may change the distribution (no top-k, no
+    repetition penalty: load_policy resets the model's generation_config).
+    ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
+    processors, before temperature and top-p) and with input_ids that end with the token sampled
+    at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next call; the
+    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * steps * vocab).
+    Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
+    wait on the device; ``finish`` drops that step.
     """
 
     def __init__(self, temperature: float):
         self.temperature = temperature
         self.prev_logp: torch.Tensor | None = None
-        self.token_logp: list[torch.Tensor] = []   # each [B]
-        self.entropy: list[torch.Tensor] = []      # each [B], entropy of mu at that step
+        self.token_logp: list[torch.Tensor] = []   # each [batch]
+        self.entropy: list[torch.Tensor] = []      # each [batch], entropy of mu at that step
 
     def _gather_prev(self, tokens: torch.Tensor) -> None:
         if self.prev_logp is not None:
@@ -45,11 +46,11 @@ class BehaviourLogProbs(LogitsProcessor):
         return scores
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (token_logp [B, T], entropy [B, T]) for the T columns of ``completions`` [B, T]."""
-        T = completions.shape[1]
-        if len(self.token_logp) < T:
+        """(token_logp, entropy), each [batch, steps], for ``completions`` [batch, steps]."""
+        steps = completions.shape[1]
+        if len(self.token_logp) < steps:
             self._gather_prev(completions[:, -1])
-        return torch.stack(self.token_logp[:T], 1), torch.stack(self.entropy[:T], 1)
+        return torch.stack(self.token_logp[:steps], 1), torch.stack(self.entropy[:steps], 1)
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -78,7 +79,10 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
 class FastDecoding:
     """Faster ``generate`` for the whole run: static KV caches, so the decode step compiles once.
 
-    With plain ``generate`` each decode step launches every kernel from Python (on a 0.5B model:
+    The same samples as plain ``generate``; the stored log-probs are those of the logits the
+    tokens were sampled from, but compiled kernels may round differently from the training
+    forward (is_ratio_mean on fresh data shows it).
+    Engineering: with plain ``generate`` each decode step launches every kernel from Python (on a 0.5B model:
     24 layers, plus two small matmuls per LoRA-adapted linear), and a GPU waits on the launches.
     Given a cache of fixed shape (StaticCache) on CUDA, transformers compiles the decode step with
     torch.compile, mode "reduce-overhead": CUDA graphs replay all of a step's launches at once (the
@@ -87,9 +91,7 @@ class FastDecoding:
     Sized from the start for ``max_length`` tokens (prompt + completion), a cache only grows
     (rounded up to ``multiple``, a recompile) for a longer call. It holds batch x length keys and
     values on the device for the whole run. The LoRA weights are updated in place, so the compiled
-    step sees the current policy. The stored log-probs are those of the logits the tokens were
-    sampled from; compiled kernels may round differently from the training forward (is_ratio_mean
-    on fresh data shows it). Not compiled: bitsandbytes 4-bit models (transformers leaves them
+    step sees the current policy. Not compiled: bitsandbytes 4-bit models (transformers leaves them
     eager) and a CPU, unless ``compile_config`` asks (a transformers CompileConfig with
     ``_compile_all_devices = True``); the static cache alone is slower than plain generate there.
     """
@@ -123,23 +125,27 @@ class FastDecoding:
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                       policy_version: int = 0, fast: FastDecoding | None = None) -> tuple[list[Rollout], dict]:
-    """Sample ``num_generations`` completions per prompt and turn them into Rollouts.
+    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
+    turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
+    r and the group-normalized advantage A (the G rollouts of one prompt form its group).
 
-    Prompts are left-padded so every completion starts at the same column; generation uses the
-    KV cache. Per rollout the completion keeps its tokens up to and including the first end token
-    (the tokenizer's EOS or any of the model's eos_token_id list; pad == eos is common, so all after
-    it is padding). The rollouts of one prompt form a group [G] whose rewards give the advantages.
-    fast: a FastDecoding kept by the caller across calls (the same samples, faster on a GPU).
+    A completion keeps its tokens up to and including the first end token (the tokenizer's EOS or
+    any of the model's eos_token_id list; pad == eos is common, so all after it is padding).
     The model's generation_config must not add processors of its own (repetition penalty, ...):
     they would change the sampling distribution behind the stored log-probs. load_policy sees to it.
-    Returns (rollouts in prompt-major order, stats).
+    Engineering: prompts are left-padded so every completion starts at the same column; generation
+    uses the KV cache. fast: a FastDecoding kept by the caller across calls (the same samples,
+    faster on a GPU). Returns (rollouts in prompt-major order, stats).
     """
     device = next(model.parameters()).device
     G = num_generations
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [N*G, P]
+    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [num_prompts * G, prompt_len]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
+    # top_k=0 turns off generate's default top-k of 50: the tokens must be sampled from the full
+    # softmax(z_t / T) that BehaviourLogProbs records and the loss evaluates, else the stored
+    # log mu(o_t) would not be the log-prob of the distribution that drew o_t.
     gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
                                   compile_config=fast and fast.compile_config)
@@ -148,18 +154,18 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
-    completions = sequences[:, input_ids.shape[1]:]                  # [N*G, T]
+    completions = sequences[:, input_ids.shape[1]:]                  # [num_prompts * G, steps]
     token_logp, token_entropy = recorder.finish(completions)
-    # Everything below is per-rollout bookkeeping on small [N*G, T] tensors: one copy to the CPU
-    # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
+    # Engineering: everything below is per-rollout bookkeeping on small tensors: one copy to the
+    # CPU now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
     completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
 
-    # Length = up to and including the first EOS, else all T tokens (truncated at max_new_tokens).
+    # Length = up to and including the first EOS, else all the steps (cut at max_new_tokens).
     is_eos = torch.isin(completions, torch.tensor(eos_ids))
-    T = completions.shape[1]
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
-    lengths = torch.clamp(first_eos + 1, max=T)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    steps = completions.shape[1]
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], steps, dtype=torch.long))
+    lengths = torch.clamp(first_eos + 1, max=steps)
+    mask = torch.arange(steps)[None, :] < lengths[:, None]
     n = lengths.tolist()
 
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.

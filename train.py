@@ -98,7 +98,9 @@ class Config:
     progress: bool = opt(True, "show the progress bar and the start-up summary")
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
     report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
-                                 "folder", choices=("none", "tensorboard"))
+                                 "folder, or to a Weights & Biases run (continued by --resume; "
+                                 "WANDB_MODE=offline: no account)",
+                         choices=("none", "tensorboard", "wandb"))
     dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
                              "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in float32",
                      choices=("auto", "float32", "bfloat16", "float16"))

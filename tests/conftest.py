@@ -102,3 +102,20 @@ def fake_train(argv, out):
         rows.append({**counters(), "rollout_entropy": 0.5})
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.fixture
+def optional():
+    """optional(module, why): the module, imported; if it is not installed the test is skipped,
+    saying how to install it, except where REPLAY_RL_REQUIRE_OPTIONAL=1 (CI installs the optional
+    packages and sets it): there a missing one fails the test."""
+    import importlib
+
+    def need(module: str, why: str):
+        if importlib.util.find_spec(module) is None:
+            message = f"{module} is not installed ({why}): pip install {module}"
+            if os.environ.get("REPLAY_RL_REQUIRE_OPTIONAL") == "1":
+                pytest.fail(message + " (REPLAY_RL_REQUIRE_OPTIONAL=1)")
+            pytest.skip(message)
+        return importlib.import_module(module)
+    return need

@@ -52,6 +52,16 @@ def test_use_counts_and_ages():
     assert cols["age"].tolist() == [5.0, 2.0]
 
 
+def test_collate_gives_ages_only_for_a_given_current_version_and_never_negative():
+    """A default current_version of 0 gave negative ages for rollouts of later policies: now the
+    ages come only with the version, and a version older than a rollout's is refused."""
+    rollouts = [make(0, version=3), make(1, version=4)]
+    assert "age" not in collate(rollouts, pad_id=0)
+    assert collate(rollouts, pad_id=0, current_version=4)["age"].tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="current_version 3"):
+        collate(rollouts, pad_id=0, current_version=3)
+
+
 def test_max_age_drops_stale_rollouts():
     buf = ReplayBuffer(capacity=10, max_age=2)
     buf.add([make(0, version=0), make(1, version=1), make(2, version=3)])

@@ -101,6 +101,21 @@ def test_kl_to_reference_by_hand():
     assert torch.allclose(logp.grad, expected, atol=1e-6)
 
 
+def test_a_per_token_advantage_is_refused_not_broadcast():
+    """advantage is one value per rollout, [batch]. A per-token [batch, completion_len] would
+    broadcast to [batch, batch, completion_len] and give a loss without an error: it must raise.
+    The per-rollout advantage, copied along the tokens, still gives the hand-computed 0.3."""
+    lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]])
+    per_token = ADV[:, None].expand(2, 3)                        # the same numbers, the wrong shape
+    for kw in ({"loss_type": "tis"}, {"loss_type": "ppo"}):
+        with pytest.raises(ValueError, match=r"shape \[batch\] = \[2\]"):
+            policy_loss(lp, lp, per_token, MASK, **kw)
+    with pytest.raises(ValueError, match="one value per rollout"):
+        policy_loss(lp, lp, None, MASK, loss_type="asymre", reward=torch.ones(2, 3), baseline=torch.zeros(2, 1))
+    loss, _ = policy_loss(lp, lp, per_token[:, 0], MASK)
+    assert loss.item() == pytest.approx(0.3)
+
+
 def test_asymre_is_reinforce_with_the_given_coefficient_and_no_ratio():
     lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
     mu = [[-5.0, -0.1, -2.0], [-0.3, -3.0, -9.0]]               # stale: must not matter

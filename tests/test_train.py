@@ -50,7 +50,7 @@ def test_help_shows_the_choices_of_fields_that_have_them(capsys):
     out = " ".join(capsys.readouterr().out.split())          # argparse wraps lines
     for flag, choices in [("--loss", "{tis,ppo,asymre}"), ("--normalization", "{token_mean,sequence_mean}"),
                           ("--dtype", "{auto,float32,bfloat16,float16}"),
-                          ("--report-to", "{none,tensorboard}"), ("--reward-mode", "{strict,lenient}"),
+                          ("--report-to", "{none,tensorboard,wandb}"), ("--reward-mode", "{strict,lenient}"),
                           ("--on-reward-error", "{raise,zero}")]:
         assert f"{flag} {choices}" in out, flag
     assert "--lr FLOAT" in out and "--task STR" in out                 # the others show their type
@@ -127,8 +127,8 @@ def test_unloadable_model_is_one_line_not_a_traceback(tmp_path):
     assert time.time() - start < 30                                    # no minute of retries
 
 
-def test_tensorboard_event_files_hold_the_metric_tags(tmp_path, tiny_path):
-    pytest.importorskip("tensorboard")
+def test_tensorboard_event_files_hold_the_metric_tags(tmp_path, tiny_path, optional):
+    optional("tensorboard", "--report-to tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     train.main(["--output-dir", str(tmp_path), "--max-rounds", "3", "--prompts-per-round", "4", "--num-generations",
                 "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20", "--eval-every", "2",
@@ -144,13 +144,15 @@ def test_tensorboard_event_files_hold_the_metric_tags(tmp_path, tiny_path):
     assert (tmp_path / "curves.png").stat().st_size > 10_000           # drawn at each eval (matplotlib installed)
 
 
-def test_tensorboard_missing_is_one_line_before_any_model(monkeypatch, capsys):
+@pytest.mark.parametrize("package", ["tensorboard", "wandb"])
+def test_report_to_a_missing_package_is_one_line_before_any_model(package, monkeypatch, capsys):
     import importlib.util
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
     with pytest.raises(SystemExit) as e:
-        train.parse_config(["--report-to", "tensorboard"])
-    assert e.value.code == 2 and "pip install tensorboard" in capsys.readouterr().err
+        train.parse_config(["--report-to", package])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"(pip install {package})" in err[0]
 
 
 def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, capsys):
