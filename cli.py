@@ -87,7 +87,8 @@ def parse(config_class, argv=None, description: str = ""):
         saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}
         changed = [f"--{k.replace('_', '-')} (saved {saved_value[k]!r}, given {given[k]!r})"
                    for k in RESUME_FIXED
-                   if k in given and canonical(k, given[k]) != canonical(k, saved_value[k])]
+                   if k in given and canonical(k, given[k], config["task"])
+                   != canonical(k, saved_value[k], config["task"])]
         if changed:
             parser.error(f"--resume {saved.path}: these fields cannot change on resume: "
                          f"{', '.join(changed)}")
@@ -104,12 +105,12 @@ def parse(config_class, argv=None, description: str = ""):
     return cfg, saved
 
 
-def canonical(field: str, value):
-    """A RESUME_FIXED value as the model it names: --warm-start-steps 0 is the demo's own length
-    (demo.WARM_START, 2000), so 0 and 2000 build the same model."""
+def canonical(field: str, value, task: str):
+    """A RESUME_FIXED value as the model it names: --warm-start-steps 0 is the task's own length
+    (demo.WARM_START: 2000; demo.WARM_STARTS: columns 800), so 0 and 2000 build the same model."""
     if field == "warm_start_steps":
         import demo
-        return value or demo.WARM_START["steps"]
+        return value or demo.WARM_STARTS.get(task, demo.WARM_START)["steps"]
     return value
 
 
@@ -142,12 +143,12 @@ def resume_point(path: str, parser) -> checkpoint.Checkpoint:
 def config_problem(cfg) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size",
-                 "updates_per_round", "max_rounds", "eval_every", "eval_prompts", "lora_r", "lr",
+                 "updates_per_round", "eval_every", "eval_prompts", "lora_r", "lr",
                  "temperature", "keep_checkpoints", "max_grad_norm",
                  "lora_alpha", "max_skipped_steps"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
-    for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_gen_tokens",
+    for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_rounds", "max_gen_tokens",
                  "max_age", "micro_batch_size", "save_every", "eval_every_tokens"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
@@ -204,7 +205,8 @@ def load_task(cfg, training: bool = True) -> tasks.Task:
         distributed.exit_all(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the "
                              f"task has only {len(task.train_prompts)} training prompts", 2)
     if cfg.model == "tiny" and task.target is None:
-        distributed.exit_all(f"error: --model tiny is the embedded demo for --task addition; for "
+        distributed.exit_all(f"error: --model tiny is the embedded demo for --task addition and "
+                             f"columns; for "
                              f"{cfg.task} pass a real model, e.g. --model "
                              "Qwen/Qwen2.5-0.5B-Instruct")
     return task

@@ -1,7 +1,7 @@
 """The embedded demo model (``--model tiny``): a character tokenizer and a 0.53M-parameter Llama
-built in code, given a supervised warm start on the embedded addition task so that RL has
-something real to fix. The algorithm modules know nothing of this file: train.py passes the
-model's folder as the model path.
+built in code, given a supervised warm start on an embedded task (``addition``, or ``columns``:
+the written work before the answer) so that RL has something real to fix. The algorithm modules
+know nothing of this file: train.py passes the model's folder as the model path.
 
 The warm start has two phases:
   1. learn addition from correct sums (``steps``, cosine lr): the model ends near 100% correct;
@@ -11,14 +11,18 @@ The result knows how to carry but usually does not: greedy decoding picks the li
 answer whenever a sum has a carry (the shipped model: 0.408 on the 500 held-out prompts), while
 sampling finds the right one often enough for RL with the exact-answer reward to make carrying
 the habit.
+The written-work task is warm-started the same way (WARM_STARTS: 800 steps of correct work, then
+300 of ``tasks.column_work`` with each carry written as 0 with probability 0.7): the model writes
+well-formed columns and reads its answer off them, but greedy decoding drops every carry (0.242 on
+the 500 held-out prompts: the sums with no carry between columns).
 Why two phases: a warm start stopped half-way through learning addition (the earlier design)
 sits on the steep part of the learning curve, where float rounding (another machine, another
 thread count) moves it far; RL from some of those models stalled. Both phases here end where
 the loss has flattened, so every seed and machine builds much the same model.
 
-The default model (warm-start seed 0) ships with the repository as ``demo.safetensors`` so that
-every machine starts RL from the same weights; ``python demo.py --rebuild`` rebuilds that file
-with this code. Other seeds and lengths are built on first use. Either way the model is cached
+The default model of each task (warm-start seed 0) ships with the repository (``demo.safetensors``,
+``demo_columns.safetensors``) so that every machine starts RL from the same weights; ``python
+demo.py --rebuild [--task columns]`` rebuilds that file with this code. Other seeds and lengths are built on first use. Either way the model is cached
 as an HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/replay-rl``.
 """
 from __future__ import annotations
@@ -38,8 +42,12 @@ from tasks import Task
 
 CHARS = "0123456789+-*=()., :;#abcdefghijklmnopqrstuvwxyz"
 PAD, EOS = "<pad>", "<eos>"
-SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.safetensors")
-SHIPPED_ACCURACY = 0.408        # its greedy accuracy on the 500 held-out prompts (tests/test_demo.py checks it)
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The default model of each embedded task (warm-start seed 0), shipped with the repository, and its
+# greedy accuracy on the 500 held-out prompts (tests/test_demo.py checks both).
+SHIPPED = {"addition2": os.path.join(HERE, "demo.safetensors"),
+           "columns": os.path.join(HERE, "demo_columns.safetensors")}
+SHIPPED_ACCURACY = {"addition2": 0.408, "columns": 0.242}
 
 
 def char_tokenizer():
@@ -58,15 +66,29 @@ TINY_MODEL = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, n
                   num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=True)
 WARM_START = dict(steps=2000, lr=3e-3, sloppy_steps=300, sloppy_lr=1e-3, drop_carry=0.7, batch_size=128,
                   warmup=50, betas=(0.9, 0.98), max_grad_norm=1.0, seed=0)
+# The written-work task: its columns are one lookup each, learnt by step ~600 (loss 1e-3).
+WARM_STARTS = {"columns": {**WARM_START, "steps": 800}}
 
 
 def cache_dir() -> str:
     return os.environ.get("REPLAY_RL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "replay-rl"))
 
 
+def warm_start_config(task: Task, steps: int | None = None) -> dict:
+    """The task's warm-start settings, with ``steps`` correct-work steps (None or 0: its own)."""
+    w = WARM_STARTS.get(task.name, WARM_START)
+    return {**w, "steps": steps or w["steps"]}
+
+
+def sloppy_teacher(task: Task):
+    """The sloppy teacher of the task's warm start: (prompt, drop_carry, rng) -> a completion."""
+    from tasks import column_work
+    return column_work if task.name == "columns" else sloppy_sum
+
+
 def spec(task: Task, warm_start_steps: int | None = None, seed: int = 0) -> str:
     """What defines a tiny model (its cache key): the task, vocabulary, shapes and warm start."""
-    w = {**WARM_START, "steps": warm_start_steps or WARM_START["steps"], "seed": seed}
+    w = {**warm_start_config(task, warm_start_steps), "seed": seed}
     return json.dumps({"task": task.name, "chars": CHARS, "model": TINY_MODEL, "warm": w, "v": 2}, sort_keys=True)
 
 
@@ -83,7 +105,7 @@ def tiny_model(task: Task, warm_start_steps: int | None = None, log=print, seed:
         return path
     if task.target is None:
         raise ValueError(f"task {task.name!r} has no supervised targets: the tiny model needs an embedded task")
-    weights = shipped_weights(key)
+    weights = shipped_weights(task, key)
     if weights is not None:
         model, tokenizer = new_model(), char_tokenizer()
         model.load_state_dict(weights, strict=False)      # lm_head is tied to the embedding
@@ -101,12 +123,13 @@ def tiny_model(task: Task, warm_start_steps: int | None = None, log=print, seed:
     return path
 
 
-def shipped_weights(key: str) -> dict | None:
-    """The weights in demo.safetensors if they were built for ``key``, else None."""
+def shipped_weights(task: Task, key: str) -> dict | None:
+    """The weights shipped for the task (demo.safetensors, ...) if they were built for ``key``, else None."""
     from safetensors import safe_open
-    if not os.path.exists(SHIPPED):
+    path = SHIPPED.get(task.name)
+    if path is None or not os.path.exists(path):
         return None
-    with safe_open(SHIPPED, "pt") as f:
+    with safe_open(path, "pt") as f:
         if (f.metadata() or {}).get("spec") != key:
             return None
         return {name: f.get_tensor(name) for name in f.keys()}
@@ -142,13 +165,13 @@ def warm_start(task: Task, steps: int | None = None, seed: int = 0, log=print):
     """The two-phase supervised warm start (module docstring): cross-entropy on prompt -> answer
     + EOS (loss on the answer only), correct sums then the sloppy teacher's. Deterministic for a
     given seed on one machine and thread count. Returns (model, tokenizer)."""
-    w = {**WARM_START, "steps": steps or WARM_START["steps"]}
+    w, teacher = warm_start_config(task, steps), sloppy_teacher(task)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer, model = char_tokenizer(), new_model()
     model.train()
     phases = [(w["steps"], w["lr"], task.target), (w["sloppy_steps"], w["sloppy_lr"],
-                                                    lambda p: sloppy_sum(p, w["drop_carry"], rng))]
+                                                    lambda p: teacher(p, w["drop_carry"], rng))]
     for n, lr, answer in phases:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=w["betas"], weight_decay=0.0)
         # linear warm-up, then cosine decay to 0: each phase ends where its loss has flattened
@@ -162,7 +185,7 @@ def warm_start(task: Task, steps: int | None = None, seed: int = 0, log=print):
             torch.nn.utils.clip_grad_norm_(model.parameters(), w["max_grad_norm"])
             opt.step()
             sched.step()
-        log(f"  {'correct sums' if answer is task.target else 'sloppy teacher'}: {n} steps, "
+        log(f"  {'correct answers' if answer is task.target else 'sloppy teacher'}: {n} steps, "
             f"final loss {loss.item():.3f}")
     return model.eval(), tokenizer
 
@@ -190,17 +213,16 @@ def held_out_accuracy(path: str, task: Task, n: int = 500) -> float:
                            max_new_tokens=task.max_new_tokens)
 
 
-def rebuild_shipped(log=print) -> float:
-    """Warm-start the default model (seed 0) with this code and write it to demo.safetensors."""
-    import tasks
+def rebuild_shipped(task: Task, log=print) -> float:
+    """Warm-start the task's default model (seed 0) with this code and write it to its shipped file
+    (SHIPPED: demo.safetensors for addition). Returns its held-out greedy accuracy."""
     from safetensors.torch import save_file
 
-    task = tasks.addition_task(2)
     model, _ = warm_start(task, log=log)
     weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}   # tied
-    tmp = SHIPPED + ".tmp"
+    tmp = SHIPPED[task.name] + ".tmp"
     save_file(weights, tmp, metadata={"spec": spec(task)})
-    os.replace(tmp, SHIPPED)
+    os.replace(tmp, SHIPPED[task.name])
     shutil.rmtree(cache_path(task, spec(task)), ignore_errors=True)      # an older build of the same spec
     with_cache = tiny_model(task, log=log)          # loads through the same path as train.py
     return held_out_accuracy(with_cache, task)
@@ -209,19 +231,21 @@ def rebuild_shipped(log=print) -> float:
 if __name__ == "__main__":
     import tasks
     parser = argparse.ArgumentParser(description="The embedded demo model: build (and cache) one, or "
-                                                 "rebuild the shipped demo.safetensors.")
+                                                 "rebuild a shipped one (demo.safetensors, demo_columns.safetensors).")
     parser.add_argument("--rebuild", action="store_true",
-                        help="warm-start the default model afresh and overwrite demo.safetensors")
-    parser.add_argument("--task", default="addition", choices=("addition", "addition3"))
+                        help="warm-start the task's default model afresh and overwrite its shipped file")
+    parser.add_argument("--task", default="addition", choices=("addition", "addition3", "columns"))
     parser.add_argument("--warm-start-seed", type=int, default=0)
     parser.add_argument("--warm-start-steps", type=int, default=0, help="0: the default")
     args = parser.parse_args()
     start = time.time()
+    task = tasks.load_task(args.task)
     if args.rebuild:
-        acc = rebuild_shipped()
-        print(f"wrote {SHIPPED} in {time.time() - start:.0f} s: held-out greedy accuracy {acc:.3f}")
+        if task.name not in SHIPPED:
+            parser.error(f"--rebuild: no model ships for --task {args.task}; expected one of addition, columns")
+        acc = rebuild_shipped(task)
+        print(f"wrote {SHIPPED[task.name]} in {time.time() - start:.0f} s: held-out greedy accuracy {acc:.3f}")
     else:
-        task = tasks.load_task(args.task)
         path = tiny_model(task, args.warm_start_steps or None, seed=args.warm_start_seed)
         print(f"{path} ({time.time() - start:.0f} s): held-out greedy accuracy "
               f"{held_out_accuracy(path, task):.3f} on {min(500, len(task.eval_prompts))} prompts")

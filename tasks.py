@@ -37,6 +37,8 @@ class Task:
     target: Callable[[str], str] | None = field(default=None, repr=False)
     # Rewards to report on the eval prompts, by name; empty = report ``reward`` alone.
     eval_rewards: dict[str, Callable[[str, str], float]] = field(default_factory=dict, repr=False)
+    # The rounds of a run when --max-rounds is not given.
+    max_rounds: int = 200
 
 
 class TaskError(ValueError):
@@ -67,7 +69,57 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
                 answers=answers, reward=reward, max_new_tokens=digits + 3, target=lambda p: answers[p])
 
 
-TASK_NAMES = ("addition", "addition3", "gsm8k")     # or a path to a .jsonl file
+# ---- the written-work task: column addition, the work before the answer ------------------
+def column_work(prompt: str, drop_carry: float = 0.0, rng: random.Random | None = None) -> str:
+    """The written work and answer for ``a+b=`` (a and b of the same length): one fixed-width
+    column a digit, from the units up, as 'x+y+c=ss' (c the carry in, ss the column's sum in two
+    digits, its first digit the carry out), then ':' and the answer, read off the work (the units
+    digits of the columns, the last carry in front):
+
+        column_work("347+285=") == "7+5+0=12,4+8+1=13,3+2+1=06:632"
+
+    With ``drop_carry`` > 0 this is the sloppy teacher of the demo's warm start: it writes each
+    carry of 1 as 0 with that probability, and its sums and answer follow its own work, so that a
+    dropped carry gives the answer wrong in the matching way ("4+8+0=12" makes 622 of 632)."""
+    a, b = prompt.rstrip("=").split("+")
+    columns, digits, carry = [], [], 0
+    for x, y in zip(map(int, reversed(a)), map(int, reversed(b))):
+        if carry and rng is not None and rng.random() < drop_carry:
+            carry = 0
+        total = x + y + carry
+        columns.append(f"{x}+{y}+{carry}={total:02d}")
+        digits.append(total % 10)
+        carry = total // 10
+    return ",".join(columns) + ":" + str(int(str(carry) + "".join(map(str, reversed(digits)))))
+
+
+# the format of column_work: columns 'x+y+c=ss' separated by ',', then ':' and a number
+_COLUMN_WORK_RE = re.compile(r"\s*(?:\d\+\d\+\d=\d\d,)*\d\+\d\+\d=\d\d:(\d{1,30})\s*")
+
+
+def column_task(num_train: int = 20_000, num_eval: int = 500, split_seed: int = 1234) -> Task:
+    """``a+b=`` with a and b of 3 or 4 digits (the same number of digits, each half the time), to
+    be answered with the written work of ``column_work`` before the answer: 31-41 tokens where the
+    addition task's answers have 2-4. The reward is 1 for the right answer in that format (the work
+    is not graded: a wrong carry in it gives a wrong answer). Prompts are drawn once from
+    ``split_seed``, the eval prompts disjoint from the training ones."""
+    rng, prompts = random.Random(split_seed), {}
+    while len(prompts) < num_train + num_eval:
+        digits = rng.choice((3, 4))
+        low, high = 10 ** (digits - 1), 10 ** digits
+        prompts[f"{rng.randrange(low, high)}+{rng.randrange(low, high)}="] = None    # ordered, distinct
+    prompts = list(prompts)
+    answers = {p: str(sum(int(x) for x in p[:-1].split("+"))) for p in prompts}
+
+    def reward(prompt: str, completion: str) -> float:
+        m = _COLUMN_WORK_RE.fullmatch(completion)
+        return float(m is not None and int(m.group(1)) == int(answers[prompt]))
+
+    return Task(name="columns", train_prompts=prompts[num_eval:], eval_prompts=prompts[:num_eval],
+                answers=answers, reward=reward, max_new_tokens=48, target=column_work, max_rounds=50)
+
+
+TASK_NAMES = ("addition", "addition3", "columns", "gsm8k")     # or a path to a .jsonl file
 
 
 def load_task(name: str, reward_mode: str = "strict") -> Task:
@@ -82,6 +134,8 @@ def load_task(name: str, reward_mode: str = "strict") -> Task:
         return addition_task(2)
     if name == "addition3":           # 3-digit sums: a harder task, sparser rewards for the tiny model
         return addition_task(3)
+    if name == "columns":             # the written work before the answer (column_work)
+        return column_task()
     if name == "gsm8k":
         return gsm8k_task(reward_mode)
     return jsonl_task(name, reward_mode)

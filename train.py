@@ -14,6 +14,7 @@ import os
 import random
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -39,11 +40,13 @@ def opt(default, help, **kw):
 class Config:
     # what to train
     model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model")
-    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct sums, then the "
-                                   "sloppy teacher's; 0 = the demo's own (2000: demo.safetensors)")
+    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then "
+                                   "the sloppy teacher's; 0 = the task's own (addition 2000, "
+                                   "columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
-                                  "in demo.safetensors)")
+                                  "in demo.safetensors, demo_columns.safetensors)")
     task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), "
+                                "'columns' (embedded, 3-4 digit sums with the written work first), "
                                 "'gsm8k' (openai/gsm8k) or a .jsonl file of {question, answer: "
                                 "'... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
@@ -86,7 +89,7 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(200, "stop after this many rounds")
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50)")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were "
                                  "generated; 0 = none")
     eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
@@ -179,6 +182,8 @@ def main(argv=None) -> dict:
     cfg, saved = cli.parse(Config, argv, __doc__)
     report.quiet_libraries()
     task = cli.load_task(cfg)
+    if not cfg.max_rounds:
+        cfg = dataclasses.replace(cfg, max_rounds=task.max_rounds)
     stop = checkpoint.StopRequest()
     try:
         return train(cfg, task, stop, saved)

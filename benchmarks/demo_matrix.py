@@ -2,6 +2,7 @@
 warm-start seed x thread count x RL seed, with the default flags otherwise.
 
     python benchmarks/demo_matrix.py --output-dir runs/matrix          # 3 x 2 x 2 = 12 cells
+    python benchmarks/demo_matrix.py --output-dir runs/matrix-columns --task columns   # the written-work task
     python benchmarks/demo_matrix.py --output-dir runs/m --warm-start-seeds 0 --rl-seeds 0 --threads 2
 
 Each thread count builds its own models (a cache folder per thread count): float rounding may differ
@@ -35,13 +36,13 @@ def environment(out: str, threads: int) -> dict:
             "HF_DATASETS_OFFLINE": "1"}
 
 
-def build_model(out: str, ws: int, threads: int) -> None:
+def build_model(out: str, task: str, ws: int, threads: int) -> None:
     """The warm start of seed ``ws`` with ``threads`` threads (cached; untimed)."""
-    subprocess.run([sys.executable, "demo.py", "--warm-start-seed", str(ws)], cwd=ROOT,
+    subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(ws)], cwd=ROOT,
                    env=environment(out, threads), check=True)
 
 
-def run_cell(out: str, ws: int, threads: int, seed: int, extra: list[str]) -> dict:
+def run_cell(out: str, task: str, ws: int, threads: int, seed: int, extra: list[str]) -> dict:
     """One train.py run on a built model; its first/final accuracy and wall time."""
     run_dir = os.path.join(out, f"ws{ws}-t{threads}-seed{seed}")
     done = os.path.join(run_dir, "cell.json")
@@ -50,7 +51,8 @@ def run_cell(out: str, ws: int, threads: int, seed: int, extra: list[str]) -> di
             return json.load(f)
     env = environment(out, threads)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "train.py", "--warm-start-seed", str(ws), "--seed", str(seed), "--no-progress",
+    subprocess.run([sys.executable, "train.py", "--task", task, "--warm-start-seed", str(ws), "--seed", str(seed),
+                    "--no-progress",
                     "--no-plot", "--output-dir", run_dir, *extra], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
@@ -72,6 +74,7 @@ def line(c: dict, goal: float) -> str:
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", required=True, help="one run folder per cell, and the models built")
+    p.add_argument("--task", default="addition", choices=("addition", "columns"), help="the embedded task")
     p.add_argument("--warm-start-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1])
@@ -85,8 +88,8 @@ def main(argv=None) -> list[dict]:
         mine = [c for c in cells if c[1] == threads]
         workers = args.parallel if threads == 1 else 1
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ws: build_model(args.output_dir, ws, threads), args.warm_start_seeds))
-            for cell in pool.map(lambda c: run_cell(args.output_dir, *c, extra), mine):
+            list(pool.map(lambda ws: build_model(args.output_dir, args.task, ws, threads), args.warm_start_seeds))
+            for cell in pool.map(lambda c: run_cell(args.output_dir, args.task, *c, extra), mine):
                 print(line(cell, args.goal), flush=True)
                 results.append(cell)
     gains, seconds = [c["gain"] for c in results], [c["seconds"] for c in results]

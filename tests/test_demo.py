@@ -1,9 +1,11 @@
+import os
 import random
 import re
 
 import pytest
 
 import demo
+import tasks
 
 
 def test_sloppy_teacher_drops_carries_by_hand():
@@ -24,19 +26,21 @@ def test_sloppy_teacher_is_right_as_often_as_it_keeps_every_carry(addition):
     assert both == pytest.approx(0.09, abs=0.01)                  # two carries: 0.3 * 0.3
 
 
-def test_shipped_weights_are_the_default_model_and_load_without_a_warm_start(addition, tmp_path, monkeypatch):
-    """demo.safetensors holds the default spec (a changed WARM_START without --rebuild fails here),
-    an empty cache gets it without training, and its accuracy is the one the README states."""
+@pytest.mark.parametrize("name", ["addition", "columns"])
+def test_shipped_weights_are_the_default_model_and_load_without_a_warm_start(name, tmp_path, monkeypatch):
+    """Each shipped file holds its task's default spec (a changed WARM_START without --rebuild fails
+    here), an empty cache gets it without training, and its accuracy is the one the README states."""
     from safetensors import safe_open
-    with safe_open(demo.SHIPPED, "pt") as f:
-        assert f.metadata()["spec"] == demo.spec(addition)
+    task = tasks.load_task(name)
+    with safe_open(demo.SHIPPED[task.name], "pt") as f:
+        assert f.metadata()["spec"] == demo.spec(task)
     monkeypatch.setenv("REPLAY_RL_CACHE", str(tmp_path))
     monkeypatch.setattr(demo, "warm_start", lambda *a, **k: pytest.fail("built instead of loaded"))
-    path = demo.tiny_model(addition)
-    accuracy = demo.held_out_accuracy(path, addition)
-    assert accuracy == pytest.approx(demo.SHIPPED_ACCURACY, abs=0.01)
-    readme = open(demo.SHIPPED.replace("demo.safetensors", "README.md")).read()
-    assert f"{demo.SHIPPED_ACCURACY:.3f}" in readme
+    path = demo.tiny_model(task)
+    accuracy = demo.held_out_accuracy(path, task)
+    assert accuracy == pytest.approx(demo.SHIPPED_ACCURACY[task.name], abs=0.01)
+    readme = open(os.path.join(demo.HERE, "README.md")).read()
+    assert f"{demo.SHIPPED_ACCURACY[task.name]:.3f}" in readme
 
 
 def test_other_seeds_are_built_and_cached_apart(addition, tmp_path, monkeypatch):
