@@ -12,13 +12,15 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
     control     on-policy with R = B = N = B/y: as many updates per generated token as replay,
                 with no reuse; it separates "reuse" from "more, smaller updates"
   optional (--arms): replay_y3 (the replay arm with y = 3), replay_y4 and control_y4 (y = 4, N = 4R,
-                and its control R = B = N = B/4), replay_pbr (positive-bias retention),
+                and its control R = B = N = B/4), replay_y4_ppo (replay_y4 with the clipped loss),
+                replay_pbr (positive-bias retention),
                 replay_nonzero (only rollouts with a non-zero advantage are kept), replay_ppo (the
                 clipped loss), replay_asymre (AsymRE), replay_cap1 and replay_cap4 (the replay arm
                 with the importance weight truncated at C = 1 or 4 instead of 2),
                 control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
-  Each replay arm's control (control_of): replay_y4 -> control_y4, replay_nonzero -> control_nonzero,
+  Each replay arm's control (control_of): replay_y4 and replay_y4_ppo -> control_y4,
+  replay_nonzero -> control_nonzero,
   replay_y3 -> none, every other replay arm -> control (same R and B as replay).
 
 Reading the runs. Every run evaluates when its generated tokens cross the same thresholds, so the
@@ -82,9 +84,9 @@ import train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_y3", "replay_y4", "control_y4", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre",
+OPTIONAL_ARMS = ("replay_y3", "replay_y4", "control_y4", "replay_y4_ppo", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre",
                  "replay_cap1", "replay_cap4", "control_nonzero")
-FIXED_Y = {"replay_y3": 3, "replay_y4": 4, "control_y4": 4}     # arms whose y is their own, whatever --replay-ratio
+FIXED_Y = {"replay_y3": 3, "replay_y4": 4, "control_y4": 4, "replay_y4_ppo": 4}     # arms whose y is their own, whatever --replay-ratio
 
 
 def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
@@ -99,7 +101,7 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
     else:
         P, N, B = batch // (y * G), batch, batch
     extra = {"replay_pbr": ["--keep-correct-frac", str(delta)], "replay_nonzero": ["--skip-zero-advantage"],
-             "replay_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"],
+             "replay_ppo": ["--loss", "ppo"], "replay_y4_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"],
              "replay_cap1": ["--is-cap", "1.0"], "replay_cap4": ["--is-cap", "4.0"],
              "control_nonzero": ["--skip-zero-advantage", "--no-reuse"]}.get(arm, [])
     return ["--prompts-per-round", str(P), "--buffer-size", str(N), "--batch-size", str(B)] + extra
@@ -212,7 +214,8 @@ def control_of(arm: str) -> str | None:
     """The arm a replay arm is compared with directly: on-policy with the same R and as many updates
     per generated token (R = B = N = B/y), no reuse; the filtered replay arm's is the same filter
     with no reuse. None: no control (replay_y3)."""
-    special = {"replay_y3": None, "replay_y4": "control_y4", "replay_nonzero": "control_nonzero"}
+    special = {"replay_y3": None, "replay_y4": "control_y4", "replay_y4_ppo": "control_y4",
+               "replay_nonzero": "control_nonzero"}
     return special[arm] if arm in special else "control" if arm.startswith("replay") else None
 
 
