@@ -165,6 +165,9 @@ def config_problem(cfg) -> str | None:
     if cfg.report_to != "none" and importlib.util.find_spec(cfg.report_to) is None:
         return (f"--report-to {cfg.report_to}: the {cfg.report_to} package is not installed "
                 f"(pip install {cfg.report_to})")
+    if cfg.report_to == "wandb" and not wandb_credentials():
+        return ("--report-to wandb: not logged in to W&B; run `wandb login` once, or set "
+                "WANDB_MODE=offline (and `wandb sync` the run later)")
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
     if cfg.buffer_size < cfg.rollouts_per_round:
@@ -190,6 +193,21 @@ def config_problem(cfg) -> str | None:
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
     return None
+
+
+def wandb_credentials() -> bool:
+    """Whether W&B can start without asking: offline or disabled, an API key in the environment,
+    or one saved by `wandb login` (~/.netrc)."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def load_task(cfg, training: bool = True) -> tasks.Task:

@@ -54,10 +54,12 @@ excluded; --jobs runs side by side, one thread each), to the target, with interv
 gen and train interpolated linearly between the curve's measured sizes (a round's time is close to
 a fixed cost per call plus a cost per rollout between neighbouring sizes; linear interpolation is
 exact for any such affine curve, log-log only for a power law). An arm whose R or B lies outside
-the curve is refused, not extrapolated. A linear curve (gen = a R, train = b B) gives the old model's
-projection mu * generated + trained with mu = a / b; a flat generation curve favours big rounds.
-mu = (generation seconds per rollout) / (training seconds per rollout) on the on-policy runs is
-printed as a summary figure only. --summary FILE [--cost FILE]: no runs; the summary's arms read
+the curve is refused, not extrapolated. A linear curve (gen = a R, train = b B) gives times
+proportional to the old one-number model, cost_ratio * generated + trained with cost_ratio = a / b
+(so the same ratios between arms); a flat generation curve favours big rounds. The cost ratio
+measured on the on-policy runs (generation seconds per rollout / training seconds per rollout) is
+printed as a summary figure only. A curve of another model or task than the runs' is used as given
+(that is the question "what would these runs cost on my card"), with a line that says so. --summary FILE [--cost FILE]: no runs; the summary's arms read
 again, and which arm reaches the target first, measured and projected, by how much (paired
 intervals). --records DIR: each finished run's compact record (its eval rows, entropy tail, config
 and flags; no checkpoints) as DIR/<arm>/seed<i>.json; a run whose record is there with the same flags
@@ -118,7 +120,8 @@ EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "eva
 
 def run_record(run_dir: str) -> dict:
     """The compact record of a finished run (a few KB): its config, its eval rows, the entropy of its
-    last 5% of steps and its final counters; all that read_record needs, none of its checkpoints."""
+    last 5% of steps, its staleness over all steps (the importance weights truncated, the ages) and
+    its final counters; all that read_record needs, none of its checkpoints."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -126,6 +129,10 @@ def run_record(run_dir: str) -> dict:
     tail = steps[-max(1, len(steps) // 20):]                # entropy: the last 5% of steps
     return {"config": cfg, "evals": [{k: r[k] for k in EVAL_KEYS} for r in rows if "eval_accuracy" in r],
             "entropy_tail": [r["rollout_entropy"] for r in tail],
+            "staleness": {"truncated_frac": statistics.fmean(r["is_truncated_frac"] for r in steps),
+                          "truncated_frac_max": max(r["is_truncated_frac"] for r in steps),
+                          "age_mean": statistics.fmean(r["age_mean"] for r in steps),
+                          "age_max": max(r["age_max"] for r in steps)},
             "last": {k: rows[-1][k] for k in ("round", "step", "gen_seconds", "train_seconds")}}
 
 
@@ -150,12 +157,8 @@ def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
         "entropy": statistics.mean(tail) if tail else float("nan"), "R": R, "B": B,
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
+        **record.get("staleness", {}),          # records written before 2026-12-01 have none
     }
-
-
-def read_run(run_dir: str, grid: list[float]) -> dict:
-    """read_record of a run folder (the same figures as from its record)."""
-    return read_record(run_record(run_dir), grid, run_dir)
 
 
 # ---- reaching the target -------------------------------------------------------------------
@@ -354,11 +357,17 @@ def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
 
 
 # ---- running the arms ----------------------------------------------------------------------
-def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0) -> None:
-    """The embedded model of one warm start (demo.py), built and cached in a process of its own, one thread."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def threads_env(threads: int = 1, **extra: str) -> dict:
+    """The environment of a child process with this many torch threads (runs side by side, one
+    thread each, do not fight for the cores), and any extra variables."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **extra}
+
+
+def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0, env: dict | None = None) -> None:
+    """The embedded model of one warm start (demo.py), built and cached in a process of its own
+    (one thread, unless env says otherwise)."""
     subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
-                    "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env, check=True,
+                    "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env or threads_env(), check=True,
                    stdout=subprocess.DEVNULL)
 
 
@@ -385,16 +394,16 @@ def save_record(path: str, record: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def run_train(argv: list[str], out: str) -> None:
-    """One train.py run in its own process, one torch thread (runs side by side do not fight for
-    cores). A finished run (done.json with the same flags) is not run again: an interrupted
-    comparison picks up where it stopped."""
+def run_train(argv: list[str], out: str, env: dict | None = None) -> None:
+    """One train.py run in its own process, one torch thread (unless env says otherwise). A finished
+    run (done.json with the same flags) is not run again: an interrupted comparison picks up where it
+    stopped; a run folder of other flags is run afresh."""
     done = os.path.join(out, "done.json")
     if os.path.exists(done) and json.load(open(done)) == argv:
         return
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = env or threads_env()
     with open(os.path.join(out, "log.txt"), "w") as log:
         code = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], env=env, stdout=log,
                               stderr=subprocess.STDOUT).returncode
@@ -423,8 +432,9 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--seeds", type=int, help="replicates per arm (default 5; intervals need 5 or more); "
                                              "replicate i starts from warm-start seed i with RL seed i")
     p.add_argument("--one-model", action="store_true",
-                   help="every replicate starts from the default model (warm-start seed 0); only the RL seed "
-                        "varies (not with --sweep-lr: its replicates would start from the reported runs' model)")
+                   help="tiny model only: every replicate starts from the default model (warm-start seed 0); only "
+                        "the RL seed varies (not with --sweep-lr: its replicates would start from the reported "
+                        "runs' model)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side, one torch thread each")
     p.add_argument("--batch-size", type=int, default=256, help="B, rollouts per update of the on-policy and replay arms")
     p.add_argument("--replay-ratio", type=int, default=2, help="y: uses of each rollout in the replay arms (>= 2)")
@@ -468,6 +478,10 @@ def parse(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     if args.summary:            # read a summary, run nothing: main() answers with decide()
+        others = [a for a in vars(args) if a not in ("summary", "cost") and getattr(args, a) != p.get_default(a)]
+        if others:
+            p.error(f"--summary {args.summary} with --{others[0].replace('_', '-')}: a summary is read as it "
+                    "ran (its own target, arms, replicates and resamples); only --cost applies to it")
         return args
     if args.sweep_seeds is not None and not args.sweep_lr:
         p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
@@ -633,8 +647,8 @@ def pair_entry(point: dict, ci: dict) -> dict:
 
 def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict, cost: dict | None = None) -> dict:
     op = results["on_policy"]
-    # mu, measured on the on-policy arm: seconds per generated rollout / seconds per trained rollout.
-    mu = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
+    # the cost ratio, measured on the on-policy arm: seconds per generated rollout / per trained rollout
+    cost_ratio = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
                            for r in op)
     sizes = {arm: (runs[0]["R"], runs[0]["B"]) for arm, runs in results.items()}
     units = unit_costs(cost, sizes)
@@ -647,7 +661,7 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
         replicates = f"one model ({'tiny, warm-start seed 0' if args.model == 'tiny' else args.model}), RL seed i"
     summary = {"task": args.task, "model": args.model, "train_args": args.train_args,
                "target_accuracy": target, "target_accuracy_ci": ci["target"], "target_frac": args.target_frac,
-               "mu": mu, "budget_tokens": args.budget_tokens, "grid_tokens": grid, "lr": lrs,
+               "cost_ratio": cost_ratio, "budget_tokens": args.budget_tokens, "grid_tokens": grid, "lr": lrs,
                "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
                                    "one torch thread each",
@@ -674,6 +688,11 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                                             for u, v in f["projected"].items()},
             "not_reached_frac": c["not_reached_frac"],
             "entropy": f["entropy"], "seeds": len(runs),
+            # mean over the replicates of each run's mean over its steps (largest: over every step)
+            **({"truncated_frac": statistics.fmean(r["truncated_frac"] for r in runs),
+                "truncated_frac_max": max(r["truncated_frac_max"] for r in runs),
+                "age_mean": statistics.fmean(r["age_mean"] for r in runs),
+                "age_max": max(r["age_max"] for r in runs)} if all("age_mean" in r for r in runs) else {}),
             "gen_seconds": statistics.fmean(r["gen_seconds"] for r in runs),
             "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
             "flags": " ".join(arm_flags(name, args.batch_size, args.replay_ratio, args.num_generations,
@@ -719,21 +738,26 @@ def whose(s: dict) -> str:
     return f"task {s['task']}, model {s['model']}{extra}; replicates: {s['replicates']}"
 
 
-def about_cost(cost: dict) -> str:
+def about_cost(cost: dict, task: str | None = None, model: str | None = None) -> str:
+    """What a cost curve was measured on; and, given the runs' task and model, whether it is theirs."""
     a = cost["about"]
-    return (f"cost curve {cost['file']}: {a.get('device')} {a.get('dtype')}, {a.get('threads')} thread(s), model "
+    line = (f"cost curve {cost['file']}: {a.get('device')} {a.get('dtype')}, {a.get('threads')} thread(s), model "
             f"{a.get('model')}, task {a.get('task')}, {a.get('max_new_tokens')} new tokens at most; "
             f"{a.get('conditions')}; {cost['interpolation']}")
+    if task is not None and (a.get("task"), a.get("model")) != (task, model):
+        line += (f"\nnote: the runs are of task {task}, model {model}: their rounds and steps are charged at "
+                 f"this curve's seconds (what these runs would cost there), not at their own")
+    return line
 
 
 def print_table(s: dict) -> None:
     rule = ("on-policy final, median of its last 3 evals" if s.get("target_frac", 1.0) == 1.0 else
             f"on-policy start + {s['target_frac']:g} of its gain to its final accuracy")
     print(f"\nresults: {whose(s)}")
-    print(f"target accuracy ({rule}): {s['target_accuracy']:.3f};  measured mu = {s['mu']:.2f} (generation / "
-          f"training seconds per rollout, a summary figure);  lr {s['lr_chosen_by']}: {s['lr']}")
+    print(f"target accuracy ({rule}): {s['target_accuracy']:.3f};  measured cost ratio "
+          f"{s.get('cost_ratio', s.get('mu')):.2f} (generation / training seconds per rollout, a summary figure);  lr {s['lr_chosen_by']}: {s['lr']}")
     if s.get("cost"):
-        print(about_cost(s["cost"]))
+        print(about_cost(s["cost"], s.get("task"), s.get("model")))
     for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
         means = ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sw["mean_score"].items())
         print(f"lr sweep {arm}: {means} -> {sw['chosen']:g}" + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
@@ -751,8 +775,9 @@ def print_table(s: dict) -> None:
 
     def ratios(p: dict) -> str:
         lo, hi = p["time_ratio_ci"]
-        inside = lambda r: "" if r is None or lo is None else (     # a curve of the machine that ran it should agree
-            " (inside the measured interval)" if lo <= r <= (math.inf if hi is None else hi) else " (OUTSIDE the measured interval)")
+        inside = lambda r: "" if r is None or lo is None else (     # a curve of the machine that ran the runs should agree
+            " (within the measured ratio's interval)" if lo <= r <= (math.inf if hi is None else hi)
+            else " (outside the measured ratio's interval: expected if the curve is of another machine)")
         proj = "".join(f"; projected time ({u}) x{fmt_ci(v['ratio'], v['ci'])}{inside(v['ratio'])}"
                        for u, v in p["projected_time_ratio"].items())
         return (f"tokens to target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "

@@ -27,7 +27,6 @@ as an HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/repl
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -229,8 +228,9 @@ def rebuild_shipped(task: Task, log=print) -> float:
 
 
 if __name__ == "__main__":
+    import cli
     import tasks
-    parser = argparse.ArgumentParser(description="The embedded demo model: build (and cache) one, or "
+    parser = cli.OneLineParser(prog="demo.py", description="The embedded demo model: build (and cache) one, or "
                                                  "rebuild a shipped one (demo.safetensors, demo_columns.safetensors).")
     parser.add_argument("--rebuild", action="store_true",
                         help="warm-start the task's default model afresh and overwrite its shipped file")

@@ -99,7 +99,14 @@ class WandbRun:
     run's config as W&B's config. wandb.json in the run folder keeps the W&B run's id and how many
     lines it holds, so --resume continues the same W&B run: lines it lacks are sent from
     metrics.jsonl, and lines it already holds (rounds re-run after the checkpoint) are not sent
-    again: W&B keeps their first values, each line once."""
+    again: W&B keeps their first values, each line once. Those rounds run again as they ran (exact
+    resume) unless the resume changed a flag that changes them (the lr, the batch, ...): then the
+    W&B run's lines past the checkpoint belong to an abandoned timeline, and a new W&B run starts
+    with the run's kept lines, each once."""
+
+    # flags a resume may change without changing the lines of the rounds it runs again
+    SAME_LINES = ("max_rounds", "max_gen_tokens", "save_every", "keep_checkpoints", "progress", "plot",
+                  "report_to", "resume", "output_dir", "max_skipped_steps")
 
     def __init__(self, run_dir: str, cfg, resumed: bool):
         import wandb
@@ -109,17 +116,29 @@ class WandbRun:
         if resumed and os.path.exists(self.path):
             with open(self.path) as f:
                 saved = json.load(f)
-        self.held = saved.get("lines", 0)           # lines of metrics.jsonl the W&B run holds
         config = {**dataclasses.asdict(cfg), "world_size": distributed.world_size()}
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "replay-rl"),
-                              name=os.path.basename(os.path.abspath(run_dir)), id=saved.get("id"),
-                              resume="allow", dir=os.environ.get("WANDB_DIR", run_dir),
-                              settings=wandb.Settings(console="off"))
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:     # as cut back to the checkpoint
+            kept = [json.loads(line) for line in f]
+        changed = sorted(k for k, v in saved.get("config", {}).items()
+                         if k not in self.SAME_LINES and config.get(k) != v)
+        if saved.get("lines", 0) > len(kept) and changed:
+            say(cfg, f"W&B run {saved['id']} holds rounds past the checkpoint run with other "
+                f"--{', --'.join(k.replace('_', '-') for k in changed)}: a new W&B run takes this timeline")
+            saved = {}
+        self.held = saved.get("lines", 0)           # lines of metrics.jsonl the W&B run holds
+        self.config = config
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "replay-rl"),
+                                  name=os.path.basename(os.path.abspath(run_dir)), id=saved.get("id"),
+                                  resume="allow", dir=os.environ.get("WANDB_DIR", run_dir),
+                                  settings=wandb.Settings(console="off"))
+        except Exception as e:      # no login, no network, a bad WANDB_* setting: one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            distributed.exit_all(f"error: --report-to wandb: W&B did not start ({first}); try "
+                                 "`wandb login`, or WANDB_MODE=offline (then `wandb sync` later)")
         self.run.config.update(config, allow_val_change=True)      # may change with --resume
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:     # as cut back to the checkpoint
-            kept = [json.loads(line) for line in f]
         self.line = self.held
         for row in kept[self.held:]:                # written while not reporting to this W&B run
             self.log(row)
@@ -133,7 +152,7 @@ class WandbRun:
             self.run.log(row, step=self.line)
             self.held = self.line + 1
             with open(self.path + ".tmp", "w") as f:
-                json.dump({"id": self.run.id, "lines": self.held}, f)
+                json.dump({"id": self.run.id, "lines": self.held, "config": self.config}, f)
             os.replace(self.path + ".tmp", self.path)
         self.line += 1
 

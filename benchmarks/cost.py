@@ -54,7 +54,7 @@ SIZES = (16, 32, 64, 128, 256, 512)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.OneLineParser(prog="cost.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="HF model id or local folder; 'tiny' = the embedded demo model")
     p.add_argument("--task", default="addition", help="the task whose prompts are used (their length matters)")
     p.add_argument("--max-new-tokens", type=int, default=0, help="longest completion; 0 = the task's own limit")

@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,36 +28,35 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import cli  # noqa: E402
+import compare  # noqa: E402
+
 
 def environment(out: str, threads: int) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "REPLAY_RL_CACHE": os.path.join(out, f"models-t{threads}"), "HF_HUB_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1"}
-
-
-def build_model(out: str, task: str, ws: int, threads: int) -> None:
-    """The warm start of seed ``ws`` with ``threads`` threads (cached; untimed)."""
-    subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(ws)], cwd=ROOT,
-                   env=environment(out, threads), check=True)
+    """``threads`` torch threads, and the models of that thread count in a cache of their own."""
+    return compare.threads_env(threads, REPLAY_RL_CACHE=os.path.join(out, f"models-t{threads}"), HF_HUB_OFFLINE="1",
+                               HF_DATASETS_OFFLINE="1")
 
 
 def run_cell(out: str, task: str, ws: int, threads: int, seed: int, extra: list[str]) -> dict:
-    """One train.py run on a built model; its first/final accuracy and wall time."""
-    run_dir = os.path.join(out, f"ws{ws}-t{threads}-seed{seed}")
+    """One train.py run on a built model; its first/final accuracy and wall time. A cell run before
+    with the same flags is read back (cell.json), one of other flags run again."""
+    run_dir = os.path.join(out, f"{task}-ws{ws}-t{threads}-seed{seed}")
+    argv = ["--task", task, "--warm-start-seed", str(ws), "--seed", str(seed), "--no-progress", "--no-plot",
+            "--output-dir", run_dir, *extra]
     done = os.path.join(run_dir, "cell.json")
     if os.path.exists(done):
         with open(done) as f:
-            return json.load(f)
-    env = environment(out, threads)
+            cell = json.load(f)
+        if cell.get("argv") == argv:
+            return cell
     start = time.perf_counter()
-    subprocess.run([sys.executable, "train.py", "--task", task, "--warm-start-seed", str(ws), "--seed", str(seed),
-                    "--no-progress",
-                    "--no-plot", "--output-dir", run_dir, *extra], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    compare.run_train(argv, run_dir, environment(out, threads))
     seconds = time.perf_counter() - start
     evals = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if "eval_accuracy" in r]
     cell = {"warm_start_seed": ws, "threads": threads, "seed": seed, "first": evals[0]["eval_accuracy"],
-            "final": evals[-1]["eval_accuracy"], "evals": [e["eval_accuracy"] for e in evals], "seconds": seconds}
+            "final": evals[-1]["eval_accuracy"], "evals": [e["eval_accuracy"] for e in evals], "seconds": seconds,
+            "argv": argv}
     cell["gain"] = cell["final"] - cell["first"]
     with open(done, "w") as f:
         json.dump(cell, f)
@@ -72,7 +70,8 @@ def line(c: dict, goal: float) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.OneLineParser(prog="demo_matrix.py", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", required=True, help="one run folder per cell, and the models built")
     p.add_argument("--task", default="addition", choices=("addition", "columns"), help="the embedded task")
     p.add_argument("--warm-start-seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -88,7 +87,8 @@ def main(argv=None) -> list[dict]:
         mine = [c for c in cells if c[1] == threads]
         workers = args.parallel if threads == 1 else 1
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ws: build_model(args.output_dir, args.task, ws, threads), args.warm_start_seeds))
+            list(pool.map(lambda ws: compare.build_tiny_model(args.task, ws, env=environment(args.output_dir, threads)),
+                          args.warm_start_seeds))
             for cell in pool.map(lambda c: run_cell(args.output_dir, args.task, *c, extra), mine):
                 print(line(cell, args.goal), flush=True)
                 results.append(cell)

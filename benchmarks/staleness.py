@@ -18,11 +18,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import cli  # noqa: E402
+import compare  # noqa: E402
 
 SETTINGS = {
     "y2 (default)": [],
@@ -35,14 +38,12 @@ SETTINGS = {
 }
 
 
-def run(out: str, name: str, ws: int, extra: list[str]) -> dict:
+def run(out: str, name: str, ws: int) -> dict:
+    """One run of a setting from warm start ws (RL seed ws), one thread; run again only if its flags changed."""
     folder = os.path.join(out, name.replace(" ", "").replace(",", "_").replace("=", ""), f"ws{ws}")
-    if not os.path.exists(os.path.join(folder, "adapter")):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-               "HF_DATASETS_OFFLINE": "1"}
-        subprocess.run([sys.executable, "train.py", "--task", "columns", "--warm-start-seed", str(ws), "--seed", str(ws),
-                        "--eval-every", "10", "--no-progress", "--no-plot", "--output-dir", folder,
-                        *SETTINGS[name], *extra], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    compare.run_train(["--task", "columns", "--warm-start-seed", str(ws), "--seed", str(ws), "--eval-every", "10",
+                       "--no-progress", "--no-plot", "--output-dir", folder, *SETTINGS[name]], folder,
+                      compare.threads_env(1, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     return figures(folder)
 
 
@@ -65,17 +66,17 @@ def figures(folder: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.OneLineParser(prog="staleness.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", required=True, help="one run folder per setting and warm start")
     p.add_argument("--warm-start-seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="the replicates: warm start i with RL seed i")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="NAME")
     p.add_argument("--parallel", type=int, default=2, help="runs side by side, one thread each")
     p.add_argument("--json", default="", help="write the figures here too")
-    args, extra = p.parse_known_args(argv)              # anything else goes to train.py
+    args = p.parse_args(argv)
     cells = [(name, ws) for name in args.settings for ws in args.warm_start_seeds]
     with ThreadPoolExecutor(args.parallel) as pool:
-        done = list(pool.map(lambda c: run(args.output_dir, *c, extra), cells))
+        done = list(pool.map(lambda c: run(args.output_dir, *c), cells))
     runs = {name: {} for name in args.settings}
     for (name, ws), fig in zip(cells, done):
         runs[name][ws] = fig
@@ -85,7 +86,7 @@ def main(argv=None) -> dict:
     for name, per_ws in runs.items():
         figs = list(per_ws.values())
         s = summary[name] = {
-            "flags": SETTINGS[name] + extra, "per_warm_start": per_ws,
+            "flags": SETTINGS[name], "per_warm_start": per_ws,
             "completion_len": statistics.fmean(f["completion_len"] for f in figs),
             "truncated_frac_mean": statistics.fmean(f["truncated_frac_mean"] for f in figs),
             "truncated_frac_max": max(f["truncated_frac_max"] for f in figs),

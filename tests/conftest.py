@@ -82,7 +82,8 @@ def compare_runs(monkeypatch):
 def fake_train(argv, out):
     """train.py's files for a constructed run of the flags in argv: one token a rollout, an eval whenever
     the tokens cross a multiple of --eval-every-tokens and at the end, accuracy 0.1 + tokens / budget
-    (capped at 0.9), 0.1 s of generation and 0.05 s of training a round."""
+    (capped at 0.9), 0.1 s of generation and 0.05 s of training a round; 1% of the weights truncated
+    every other step, ages of replay y = B/R (0 to y-1, mean (y-1)/2)."""
     flag = lambda name: int(float(argv[argv.index(name) + 1]))
     P, G, B = flag("--prompts-per-round"), flag("--num-generations"), flag("--batch-size")
     budget, every = flag("--max-gen-tokens"), flag("--eval-every-tokens")
@@ -99,7 +100,8 @@ def fake_train(argv, out):
         if tokens >= budget:
             break
         rnd, tokens = rnd + 1, tokens + P * G
-        rows.append({**counters(), "rollout_entropy": 0.5})
+        rows.append({**counters(), "rollout_entropy": 0.5, "is_truncated_frac": 0.01 * (rnd % 2),
+                     "age_mean": 0.5 * (B // (P * G) - 1), "age_max": B // (P * G) - 1})
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 
@@ -119,3 +121,12 @@ def optional():
             pytest.skip(message)
         return importlib.import_module(module)
     return need
+
+
+def cost_file(path, gen, train, sizes=(16, 32, 64, 128, 256, 512), mode="plain"):
+    """A constructed cost curve in benchmarks/cost.py's format: gen(R) and train(B) seconds."""
+    path.write_text(json.dumps({"device": "cpu", "dtype": "float32", "threads": 1, "model": "tiny", "task": "addition",
+                                "max_new_tokens": 6, "conditions": "constructed",
+                                "generation": {mode: [{"R": s, "seconds": gen(s)} for s in sizes]},
+                                "training": [{"B": s, "seconds": train(s)} for s in sizes]}))
+    return str(path)

@@ -114,5 +114,6 @@ def test_the_demo_model_learns_to_carry_in_its_written_work(tmp_path):
     assert 34 <= statistics.mean(r["completion_len"] for r in steps) <= 40          # the written work, not a shortcut
     gain = result["final_accuracy"] - result["first_accuracy"]
     print(f"accuracy {result['first_accuracy']:.3f} -> {result['final_accuracy']:.3f}")
-    # THRESHOLD_NOTE
+    # these settings, one thread, RL seeds 0, 1, 2: 0.250 -> 0.995, 1.000, 0.935 (+0.745, +0.750, +0.685);
+    # the task's matrix (benchmarks/demo_matrix.py, 50 rounds) gained +0.742 to +0.758 in all 12 cells
     assert gain >= 0.5, (result["first_accuracy"], result["final_accuracy"])

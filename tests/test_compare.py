@@ -1,12 +1,11 @@
 import argparse
 import json
-import os
 import sys
 
 import pytest
 
 import compare
-from conftest import fake_train
+from conftest import cost_file, fake_train
 
 
 def test_reach_needs_the_target_held_not_one_lucky_eval():
@@ -34,15 +33,6 @@ def run_of(accs, R=100, B=100, rounds=None, tokens_per_rollout=10, entropy=0.5):
             "seconds": [float(r) for r in rounds], "R": R, "B": B, "entropy": entropy,
             "gen_seconds": 1.0, "train_seconds": 1.0, "rollouts_generated": rounds[-1] * R,
             "rollouts_trained": rounds[-1] * B}
-
-
-def cost_file(path, gen, train, sizes=(16, 32, 64, 128, 256, 512), mode="plain"):
-    """A constructed cost curve in benchmarks/cost.py's format: gen(R) and train(B) seconds."""
-    path.write_text(json.dumps({"device": "cpu", "dtype": "float32", "threads": 1, "model": "tiny", "task": "addition",
-                                "max_new_tokens": 6, "conditions": "constructed",
-                                "generation": {mode: [{"R": s, "seconds": gen(s)} for s in sizes]},
-                                "training": [{"B": s, "seconds": train(s)} for s in sizes]}))
-    return str(path)
 
 
 def test_the_crossing_is_interpolated_between_the_eval_before_and_the_reach():
@@ -245,7 +235,7 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
             # the run read back from its folder and from its record (a few KB, no checkpoints): the same
             record = records / name / f"seed{seed}.json"
             assert record.stat().st_size < 20_000
-            from_folder = compare.read_run(str(folder), on_disk["grid_tokens"])
+            from_folder = compare.read_record(compare.run_record(str(folder)), on_disk["grid_tokens"])
             assert compare.read_record(json.load(open(record)), on_disk["grid_tokens"]) == from_folder
             assert {k: v for k, v in arm["replicates"][seed].items() if k != "reach"} == from_folder
             if name == "on_policy":
@@ -372,9 +362,9 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
             {**counters(2), "rollout_entropy": 0.5}, {**counters(2), "eval_accuracy": 0.3}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 32, "num_generations": 8, "batch_size": 256}))
-    assert compare.read_run(str(tmp_path), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
+    assert compare.read_record(compare.run_record(str(tmp_path)), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
     with pytest.raises(compare.CompareError, match="raise --budget-tokens or lower --evals"):
-        compare.read_run(str(tmp_path), [0, 30_000, 60_000, 90_000])
+        compare.read_record(compare.run_record(str(tmp_path)), [0, 30_000, 60_000, 90_000])
 
 
 
@@ -393,8 +383,13 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     assert len([c for c in calls if c[0] == "run"]) == 6 and len([c for c in calls if c[0] == "build"]) == 2
     record = json.load(open(tmp_path / "records" / "replay" / "seed1.json"))
     assert "--output-dir" not in record["argv"] and record["argv"][record["argv"].index("--seed") + 1] == "1"
-    assert compare.read_record(record, first["grid_tokens"]) == compare.read_run(
-        str(tmp_path / "a" / "replay" / "seed1"), first["grid_tokens"])
+    assert compare.read_record(record, first["grid_tokens"]) == compare.read_record(
+        compare.run_record(str(tmp_path / "a" / "replay" / "seed1")), first["grid_tokens"])
+    # the staleness of each arm, from the records: replay y = 2 (ages 0 and 1), on-policy (age 0)
+    assert first["arms"]["replay"]["age_mean"] == 0.5 and first["arms"]["replay"]["age_max"] == 1
+    assert first["arms"]["on_policy"]["age_mean"] == 0 and first["arms"]["control"]["age_max"] == 0
+    assert first["arms"]["replay"]["truncated_frac_max"] == 0.01
+    assert 0.004 < first["arms"]["replay"]["truncated_frac"] < 0.006           # every other step
     calls.clear()
     again = compare.main(common + ["--output-dir", str(tmp_path / "b")])
     assert calls == [] and again["arms"] == first["arms"]
@@ -426,7 +421,7 @@ def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "task addition, model tiny" in out and "plain generation): on_policy reaches the target first" in out
     # measured, every arm took 3 s; the flat curve projects replay at 2x on-policy: the check says they disagree
-    assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (OUTSIDE the measured" in out
+    assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (outside the measured ratio's interval" in out
     on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
     assert answer["plain"]["fastest"] == "on_policy" and answer["plain"]["seconds"] == pytest.approx(on)
     # on-policy's time / each other arm's, point [interval]: identical replicates, no spread

@@ -20,6 +20,7 @@ import os
 import random
 import shlex
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ import minimal
 import report
 import tasks
 import train
+from conftest import cost_file
 
 CONFIG, REFUSED = "config", "refused"
 
@@ -114,7 +116,7 @@ COMPARE = {
                and {a["seeds"] for a in w.summary["arms"].values()} == {2})],
     "one_model": [("--one-model --seeds 2", lambda w: w.each("warm_start_seed") == {0} and w.each("seed") == {0, 1}
                    and w.summary["replicates"].startswith("one model"))],
-    "jobs": [("--jobs 3", lambda w: "3 run(s) side by side" in w.summary["seconds_measured"])],
+    "jobs": [("--jobs 3", lambda w: w.spied["jobs"] == [3] and "3 run(s) side by side" in w.summary["seconds_measured"])],
     "batch_size": [("--batch-size 128", lambda w: {c.batch_size for c in w.arm("on_policy")} == {128})],
     "replay_ratio": [("--replay-ratio 4", lambda w: {c.rollouts_per_round for c in w.arm("replay")} == {256 // 4})],
     "num_generations": [("--num-generations 4", lambda w: w.each("num_generations") == {4})],
@@ -130,13 +132,16 @@ COMPARE = {
                            lambda w: {c.keep_correct_frac for c in w.arm("replay_pbr")} == {0.4}),
                           ("--keep-correct-frac 0.4", REFUSED)],
     "cost": [("--cost {tmp}/cost.json", lambda w: w.summary["cost"]["file"].endswith("/cost.json")
-              and "seconds" in w.summary["arms"]["replay"]["projected_seconds_to_target"]["plain"]),
+              and all(a["projected_seconds_to_target"]["plain"]["seconds"] == pytest.approx(   # the file's curve
+                  a["rounds_to_target"] * a["R"] / 100 + a["steps_to_target"] * a["B"] / 200)
+                  for a in w.summary["arms"].values())),
              ("--cost {tmp}/reward.py", REFUSED)],
     "records": [("--records {tmp}/rec", lambda w: os.path.isfile(f"{w.tmp}/rec/replay/seed0.json"))],
     # --summary runs nothing and writes nothing: its answer is checked in test_compare (decide)
     "summary": [("--summary {tmp}/reward.py", REFUSED)],
-    "bootstrap": [("--bootstrap 20", lambda w: "(20 resamples)" in w.summary["intervals"])],
-    "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9)],
+    "bootstrap": [("--bootstrap 20", lambda w: w.spied["bootstrap"] == [20] and "(20 resamples)" in w.summary["intervals"])],
+    "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9 and w.summary["target_accuracy"]
+                     == pytest.approx(compare.target_accuracy(w.on_policy_runs, 0.9)))],
     "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
                and w.each("eval_every_tokens") == {w.summary["grid_tokens"][1]})],
     "eval_prompts": [("--eval-prompts 100", lambda w: w.each("eval_prompts") == {100})],
@@ -216,9 +221,7 @@ def world(tmp_path, monkeypatch, request):
     session, and {tmp} / {run} / {ckpt} (a saved run, made on first use) for the command lines."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reward.py").write_text("def exact(prompt, completion):\n    return 1.0\n")
-    (tmp_path / "cost.json").write_text(json.dumps({                 # a cost curve (benchmarks/cost.py)
-        "generation": {"plain": [{"R": r, "seconds": r / 100} for r in (16, 512)]},
-        "training": [{"B": b, "seconds": b / 200} for b in (16, 512)]}))
+    cost_file(tmp_path / "cost.json", lambda R: R / 100, lambda B: B / 200, sizes=(16, 512))   # benchmarks/cost.py's
     monkeypatch.setattr(tasks, "load_task", cached_task)
     w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[])
 
@@ -290,13 +293,20 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
             assert_refused(lambda: compare.main(argv), COMPARE_FLAGS[dest], capsys, compare_runs.runs,
                            compare_runs.builds)
             continue
-        compare.main(argv)
+        spied, bootstrap = {"jobs": [], "bootstrap": []}, compare.bootstrap
+        with pytest.MonkeyPatch.context() as m:        # what compare.main passes on: the pool's size, the resamples
+            m.setattr(compare, "ThreadPoolExecutor", lambda n: spied["jobs"].append(n) or ThreadPoolExecutor(n))
+            m.setattr(compare, "bootstrap", lambda results, n, *a, **k: spied["bootstrap"].append(n) or bootstrap(
+                results, n, *a, **k))
+            compare.main(argv)
         folder = compare.build_parser().parse_args(argv).output_dir
         with open(os.path.join(folder, "summary.json")) as f:
             summary = json.load(f)
         runs = list(compare_runs.runs)
         arm_of = lambda out: os.path.basename(os.path.dirname(out))            # OUT/<arm>/seed<i>
-        w = types.SimpleNamespace(tmp=world.tmp, summary=summary, runs=runs, builds=compare_runs.builds,
+        w = types.SimpleNamespace(tmp=world.tmp, summary=summary, runs=runs, builds=compare_runs.builds, spied=spied,
+                                  on_policy_runs=[{k: v for k, v in r.items() if k != "reach"}
+                                                  for r in summary["arms"]["on_policy"]["replicates"]],
                                   each=lambda field: {getattr(c, field) for _, c in runs},
                                   arm=lambda name: [c for out, c in runs if arm_of(out) == name])
         assert check(w), (text, summary)

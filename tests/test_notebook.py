@@ -41,7 +41,8 @@ def test_notebook_runs_top_to_bottom_on_cpu(tmp_path, tiny_path, optional, monke
 import json
 json.dump({{"G": G, "C": C, "step": step, "ages": ages, "rewards": [r.reward for r in rollouts],
            "advantages": [r.advantage for r in rollouts], "rho": rho.tolist(), "mask": mask.tolist(),
-           "age": cols["age"].tolist(), "truncated": truncated, "truncated_frac": float(metrics["is_truncated_frac"]),
+           "age": cols["age"].tolist(), "truncated": truncated, "logp": logp.tolist(),
+           "behaviour_logp": cols["behaviour_logp"].tolist(), "advantage": cols["advantage"].tolist(), "truncated_frac": float(metrics["is_truncated_frac"]),
            "first_ratio": first["is_ratio_mean"], "run": result["output_dir"]}}, open({str(out)!r}, "w"))"""))
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": NOTEBOOKS}}).execute()
@@ -63,6 +64,14 @@ json.dump({{"G": G, "C": C, "step": step, "ages": ages, "rewards": [r.reward for
     assert (fresh - 1).abs().max() < 1e-4 < (stale - 1).abs().max()         # the update moved pi_theta
     assert f["truncated"] == int((rho[mask] > f["C"]).sum())
     assert f["truncated_frac"] == pytest.approx(f["truncated"] / int(mask.sum()))
+    # the truncation count of policy_loss on the notebook's batch, at its cap and at one that bites (C = 1:
+    # every stale token whose probability rose)
+    from replay_rl import policy_loss
+    logp, behaviour = torch.tensor(f["logp"]), torch.tensor(f["behaviour_logp"])
+    assert int((rho[mask] > 1.0).sum()) > 0
+    for cap in (f["C"], 1.0):
+        _, m = policy_loss(logp, behaviour, torch.tensor(f["advantage"]), mask.float(), is_cap=cap)
+        assert float(m["is_truncated_frac"]) == pytest.approx(int((rho[mask] > cap).sum()) / int(mask.sum()))
     run = f["run"]
     lines = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     assert [line["round"] for line in lines if "eval_accuracy" in line] == [0, 1, 2]

@@ -94,3 +94,42 @@ def test_wandb_offline_holds_each_line_once_across_resumes(tmp_path, tiny_path, 
     assert len(first) == len([line for line in final if line["round"] <= 4])
     assert [line["round"] for line in first[-2:]] == [4, 4] and first[-3]["round"] == 3
 
+
+
+def test_a_resume_that_changes_the_rerun_rounds_starts_a_new_wandb_run(tmp_path, tiny_path, monkeypatch, optional):
+    """W&B holds rounds 1-4; the resume from checkpoint-2 runs rounds 3-4 again at another lr: the
+    W&B run's rounds 3-4 are of an abandoned timeline, so a new W&B run takes the final one, every
+    line once with its new values (the old run keeps its own, untouched)."""
+    optional("wandb", "--report-to wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    os.makedirs(tmp_path / "wandb-dir")
+    run = tmp_path / "run"
+    train.main(SMALL + ["--output-dir", str(run), "--max-rounds", "4", "--report-to", "wandb"])
+    train.main(["--resume", str(run / "checkpoint-2"), "--lr", "3e-3"])
+    final = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    segments = read_offline_runs(tmp_path / "wandb-dir")
+    assert len(segments) == 2 and segments[0][0] != segments[1][0]          # a new W&B run
+    assert segments[1][1]["lr"] == 3e-3
+    new_rows = segments[1][2]
+    assert [step for step, _ in new_rows] == list(range(len(final)))
+    for (_, row), line in zip(new_rows, final):
+        assert {k: v for k, v in row.items() if k not in TIMES} == pytest.approx(
+            {k: v for k, v in line.items() if k not in TIMES})
+    assert json.load(open(run / "wandb.json"))["id"] == segments[1][0]
+
+
+def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, monkeypatch, capsys, optional):
+    optional("wandb", "--report-to wandb")
+    import cli
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))                               # no ~/.netrc
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--report-to", "wandb", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "wandb login" in err and "WANDB_MODE=offline" in err
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    (tmp_path / ".netrc").chmod(0o600)                                       # as `wandb login` leaves it
+    assert cli.wandb_credentials()                                          # `wandb login` saved a key
