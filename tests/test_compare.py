@@ -357,9 +357,10 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
     """A round that generates more tokens than the eval interval (GSM8K on a real model: ~51k tokens
     a round against a 30k interval) leaves one eval for two grid points: refused, with what to change."""
     counters = lambda k: {"step": k, "round": k, "gen_tokens": 51_000 * k, "gen_seconds": k, "train_seconds": k}
+    step = {"rollout_entropy": 0.5, "is_truncated_frac": 0.0, "age_mean": 0.0, "age_max": 0}
     rows = [{**counters(0), "eval_accuracy": 0.1},
-            {**counters(1), "rollout_entropy": 0.5}, {**counters(1), "eval_accuracy": 0.2},
-            {**counters(2), "rollout_entropy": 0.5}, {**counters(2), "eval_accuracy": 0.3}]
+            {**counters(1), **step}, {**counters(1), "eval_accuracy": 0.2},
+            {**counters(2), **step}, {**counters(2), "eval_accuracy": 0.3}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 32, "num_generations": 8, "batch_size": 256}))
     assert compare.read_record(compare.run_record(str(tmp_path)), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
