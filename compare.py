@@ -377,13 +377,25 @@ def record_argv(argv: list[str]) -> list[str]:
     return argv[:i] + argv[i + 2:]
 
 
-def load_record(path: str, argv: list[str]) -> dict | None:
-    """The record at path if it is of a run with these flags (else None: the run is due)."""
+def starting_model(model: str, task: str, warm_start_seed: int, warm_start_steps: int = 0) -> str:
+    """What a run starts from, as a record keeps it: a hub id or folder as given; the embedded model
+    by its spec's hash (demo.spec): the same flags name another model once its warm start changes."""
+    if model != "tiny":
+        return model
+    import demo
+    import tasks
+    task_ = tasks.load_task(task)
+    return os.path.basename(demo.cache_path(task_, demo.spec(task_, warm_start_steps or None, warm_start_seed)))
+
+
+def load_record(path: str, argv: list[str], model: str) -> dict | None:
+    """The record at path if it is of a run with these flags from this starting model (else None:
+    the run is due)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         record = json.load(f)
-    return record if record.get("argv") == record_argv(argv) else None
+    return record if record.get("argv") == record_argv(argv) and record.get("model") == model else None
 
 
 def save_record(path: str, record: dict) -> None:
@@ -589,11 +601,12 @@ def compare(args) -> dict:
         out = os.path.join(args.output_dir, name)
         argv = own_flags(args, arm, seed, lr, out) + args.train_args
         path = args.records and os.path.join(args.records, name + ".json")
-        record = load_record(path, argv) if path else None
+        model = starting_model(args.model, args.task, warm_start_seed(args, seed), steps)
+        record = load_record(path, argv, model) if path else None
         if record is None:
             need_model(seed)
             run_train(argv, out)
-            record = {"argv": record_argv(argv), **run_record(out)}
+            record = {"argv": record_argv(argv), "model": model, **run_record(out)}
             if path:
                 save_record(path, record)
         return read_record(record, grid, path or out)

@@ -396,6 +396,12 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     assert calls == [] and again["arms"] == first["arms"]
     compare.main(common + ["--output-dir", str(tmp_path / "c"), "--lr", "2e-3"])
     assert len([c for c in calls if c[0] == "run"]) == 6
+    # the same flags from another starting model (the warm start's recipe changed: another spec) run again
+    assert record["model"] == compare.starting_model("tiny", "addition", 1)
+    calls.clear()
+    monkeypatch.setitem(__import__("demo").WARM_START, "lr", 1e-2)
+    compare.main(common + ["--output-dir", str(tmp_path / "d")])
+    assert len([c for c in calls if c[0] == "run"]) == 6
 
 
 def decision_summary(tmp_path):

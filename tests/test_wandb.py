@@ -42,7 +42,10 @@ def read_offline_runs(wandb_dir):
     """[(run id, config dict, [(W&B step, row)], {metric: its x-axis})] of each offline run
     segment, oldest first."""
     segments = []
-    for path in sorted(glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))):
+    # by when each was last written: the folders' names hold the start to the second, and two runs of
+    # one test often start within one (the name then orders them by their random ids)
+    paths = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    for path in sorted(paths, key=lambda p: os.stat(p).st_mtime_ns):
         run_id, config, rows, axes = None, {}, [], {}
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
