@@ -772,7 +772,7 @@ def print_table(s: dict) -> None:
     if s.get("cost"):
         print(about_cost(s["cost"], s.get("task"), s.get("model")))
     for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
-        means = ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sw["mean_score"].items())
+        means = ", ".join(f"{float(lr):g}: {v:.3f}" for lr, v in sw["mean_score"].items())   # a key of JSON: a string
         print(f"lr sweep {arm}: {means} -> {sw['chosen']:g}" + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
     curves = list((s.get("cost") or {}).get("curves", []))
     print(f"{'arm':<16}{'R':>5}{'B':>5}{'final acc':>10}{'range':>11}{'tokens->target [90%]':>26}"

@@ -412,6 +412,8 @@ def decision_summary(tmp_path):
                               one_model=True, budget_tokens=5000, jobs=2, sweep_lr=None, batch_size=256,
                               replay_ratio=2, num_generations=8, keep_correct_frac=0.3)
     summary = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000], {"on_policy": 1e-3})
+    summary["lr_sweep"] = {"arms": {"on_policy": {"mean_score": {1e-3: 0.9, 2e-3: 0.8}, "chosen": 1e-3,
+                                                  "on_grid_edge": True}}}        # its lrs become strings in JSON
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     return summary, path
@@ -427,6 +429,7 @@ def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
     answer = compare.main(["--summary", str(path), "--cost", flat])
     out = capsys.readouterr().out
     assert "task addition, model tiny" in out and "plain generation): on_policy reaches the target first" in out
+    assert "lr sweep on_policy: 0.001: 0.900, 0.002: 0.800 -> 0.001 (on the edge of the grid)" in out
     # measured, every arm took 3 s; the flat curve projects replay at 2x on-policy: the check says they disagree
     assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (outside the measured ratio's interval" in out
     on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
