@@ -88,4 +88,4 @@ def test_minimal_starts_alike_from_a_cold_cache_and_a_warm_one(tmp_path, monkeyp
 def test_minimal_learns(tiny_path):
     accuracy = minimal.main(rounds=15, eval_every=15, eval_prompts=200, log=lambda *a: None)
     print(f"minimal.py: {accuracy[0]:.3f} -> {accuracy[-1]:.3f}")
-    assert accuracy[-1] - accuracy[0] >= 0.3, accuracy     # measured +0.44 to +0.49 by round 10 (3 seeds)
+    assert accuracy[-1] - accuracy[0] >= 0.3, accuracy     # measured +0.605 to +0.64 (seeds 0-2, one thread)
