@@ -45,3 +45,37 @@ def test_cost_curve_times_what_train_py_runs_and_compare_reads_it(tiny_path, tmp
     assert 1 <= sampled["generation"]["plain"][0]["mean_completion_tokens"] < limit
     with pytest.raises(SystemExit):                       # R = prompts x G: a multiple of G
         cost.main(["--sizes", "12", "--output", path])
+
+
+def test_demo_matrix_passes_its_flags_on_and_runs_one_thread_cells_side_by_side(tmp_path, monkeypatch, capsys):
+    """The README's `demo_matrix.py --threads 1 --parallel 2` (and --task, seeds, --goal, a train.py
+    flag passed through), with train.py replaced by a stub that writes two evals: the cells' flags and
+    thread count reach train.py, two 1-thread cells run at once, a finished cell is read back."""
+    import threading
+    import compare
+    import demo_matrix
+    both = threading.Barrier(2, timeout=2)          # passes only if two cells run at the same time
+    calls = []
+
+    def fake_train(argv, out, env):
+        calls.append((argv, env["OMP_NUM_THREADS"], env["REPLAY_RL_CACHE"]))
+        both.wait()
+        os.makedirs(out, exist_ok=True)
+        seed = int(argv[argv.index("--warm-start-seed") + 1])
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            for acc in (0.25, 0.25 + 0.3 * (seed + 1)):              # gains 0.3 and 0.6
+                f.write(json.dumps({"eval_accuracy": acc}) + "\n")
+    monkeypatch.setattr(compare, "build_tiny_model", lambda *a, **k: None)
+    monkeypatch.setattr(compare, "run_train", fake_train)
+    argv = ["--output-dir", str(tmp_path), "--task", "columns", "--warm-start-seeds", "0", "1", "--threads", "1",
+            "--rl-seeds", "3", "--parallel", "2", "--goal", "0.5", "--max-rounds", "7"]
+    cells = demo_matrix.main(argv)
+    assert sorted(int(a[a.index("--warm-start-seed") + 1]) for a, _, _ in calls) == [0, 1]
+    for a, threads, cache in calls:
+        assert a[a.index("--task") + 1] == "columns" and a[a.index("--seed") + 1] == "3"
+        assert a[-2:] == ["--max-rounds", "7"] and threads == "1" and cache == str(tmp_path / "models-t1")
+    assert sorted(round(c["gain"], 6) for c in cells) == [0.3, 0.6]
+    out = capsys.readouterr().out
+    assert out.count("BELOW GOAL") == 1 and "cells at or above +0.50: 1/2" in out
+    calls.clear()
+    assert demo_matrix.main(argv) == cells and calls == []                  # read back, not run again
