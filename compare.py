@@ -585,6 +585,7 @@ def compare(args) -> dict:
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     steps = train_flags(args.train_args).get("warm_start_steps", 0)
     built, locks = set(), {warm_start_seed(args, s): threading.Lock() for s in [*range(args.seeds), *sweep_seeds]}
+    models = {ws: starting_model(args.model, args.task, ws, steps) for ws in locks}     # what each record names
 
     def need_model(seed: int) -> None:
         """Each starting model built once, before the first run that needs it (none for recorded runs)."""
@@ -601,7 +602,7 @@ def compare(args) -> dict:
         out = os.path.join(args.output_dir, name)
         argv = own_flags(args, arm, seed, lr, out) + args.train_args
         path = args.records and os.path.join(args.records, name + ".json")
-        model = starting_model(args.model, args.task, warm_start_seed(args, seed), steps)
+        model = models[warm_start_seed(args, seed)]
         record = load_record(path, argv, model) if path else None
         if record is None:
             need_model(seed)
