@@ -8,7 +8,9 @@
         state.json           the loop state, the prompt stream (Python's random), the config
 
 Only tensors and JSON are read: no pickles. Also here: the first Ctrl-C / SIGTERM (StopRequest),
-which lets the loop finish its step and save before it exits.
+which lets the loop finish its step and save before it exits; and the run folder as one run's:
+a new run never goes into a folder that holds another run's files (``holds_run``), default names
+are unique (``new_run_dir``), and the process that writes a run folder holds its lock (``lock_run``).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -227,6 +230,71 @@ def drop_after(run_dir: str, round: int) -> None:
         for r in rounds(run_dir):
             if r > round:
                 shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"))
+
+
+# ---- the run folder: one run's, written by one process at a time ------------------------------
+def holds_run(run_dir: str) -> bool:
+    """Whether a folder holds a run's files: its config, its metrics or a checkpoint."""
+    if not os.path.isdir(run_dir):
+        return False
+    return any(name in ("config.json", "metrics.jsonl") or re.fullmatch(r"(\.tmp-)?checkpoint-\d+", name)
+               for name in os.listdir(run_dir))
+
+
+def new_run_dir(parent: str = "runs") -> str:
+    """A new, empty folder parent/<time>, made here; parent/<time>-2, -3, ... when another run
+    started in the same second took that name (mkdir is atomic: two runs never share one)."""
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.join(parent, time.strftime("%Y%m%d-%H%M%S"))
+    for i in range(1, 10_000):
+        path = base if i == 1 else f"{base}-{i}"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run folder name under {parent}")
+
+
+class RunFolderBusy(Exception):
+    """Another live process holds the run folder's lock; the message is one line."""
+
+
+_locks: dict[str, object] = {}          # run folder -> its open, locked .lock file (this process)
+
+
+def lock_run(run_dir: str) -> None:
+    """Take the run folder's lock (run_dir/.lock, an OS file lock) for as long as this process
+    writes there; raises RunFolderBusy if another process holds it. The OS releases it on every
+    exit, a crash or SIGKILL included, so a lock is never stale: the .lock file that stays names
+    the last process that held it, nothing more. Rank 0 alone (the others write no run files).
+    Without fcntl (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    if not distributed.is_main() or run_dir in _locks:
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    f = open(os.path.join(run_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise RunFolderBusy(f"{run_dir} is being written by {holder} (a run or a resume in progress): "
+                            "wait for it to end, or use another --output-dir") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    _locks[run_dir] = f
+
+
+def unlock_runs() -> None:
+    """Release this process's run folder locks (a run in this process ended)."""
+    while _locks:
+        _locks.popitem()[1].close()
 
 
 class StopRequest:

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import numbers
 import os
 import sys
 
@@ -45,6 +46,11 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 # shows the demo's defaults; the start-up lines show the ones in use.
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, batch_size=32,
                                   buffer_size=32, lr=5e-4, eval_prompts=100, eval_every=10)}
+
+
+# At T = 0.01 a logit gap of 0.2 already gives the sampled token a probability of 1 - 2e-9: the
+# importance ratios and the policy gradient of every token vanish (measured: loss 0 at 1e-8).
+MIN_TEMPERATURE = 0.01
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -109,9 +115,15 @@ def parse(config_class, argv=None, description: str = ""):
         if "output_dir" in given and os.path.abspath(given["output_dir"]) != run_dir:
             parser.error(f"--output-dir {given['output_dir']}: a resumed run goes on in its own "
                          f"folder, {run_dir}; to branch it, copy that folder and resume the copy")
+        if problem := report.metrics_problem(run_dir, saved.state.get("metrics_bytes", 0),
+                                             saved.state["round"]):
+            parser.error(f"--resume {saved.path}: {problem}")
         same = {k: saved_value[k] for k in RESUME_FIXED if k in given}     # kept as saved
         cfg = config_class(**{**config, **given, **same, "resume": saved.path,
                               "output_dir": run_dir})
+    elif cfg.output_dir and checkpoint.holds_run(cfg.output_dir):
+        parser.error(f"--output-dir {cfg.output_dir}: it holds a run; continue it with --resume "
+                     f"{cfg.output_dir}, or give another --output-dir")
     problem = config_problem(cfg)
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
@@ -203,6 +215,10 @@ def config_problem(cfg) -> str | None:
     if cfg.is_cap < 1:
         return (f"--is-cap {cfg.is_cap}: must be >= 1 (a cap below 1 down-weights even on-policy "
                 "tokens)")
+    if cfg.temperature < MIN_TEMPERATURE:
+        return (f"--temperature {cfg.temperature}: below {MIN_TEMPERATURE} sampling is greedy in "
+                "effect: every sampled token has log mu = 0 (probability 1), so the loss and its "
+                "gradient are 0; use 0.1 or more (evaluate.py scores greedy decoding)")
     if not 0 < cfg.top_p <= 1:
         return f"--top-p {cfg.top_p}: must be in (0, 1]"
     if not 0 < cfg.epsilon < 1:
@@ -333,10 +349,12 @@ class CheckedReward:
 
     def __call__(self, prompt: str, completion: str) -> float:
         try:
-            value = float(self.reward(prompt, completion))
+            value = self.reward(prompt, completion)
+            if not isinstance(value, numbers.Real):     # bool, int, float (numpy's too); not '1.0'
+                raise TypeError(f"returned {type(value).__name__} {value!r}, not a number")
             if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
-            return value
+            return float(value)
         except Exception as e:
             if self.on_error != "zero":
                 sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "

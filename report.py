@@ -35,8 +35,8 @@ class Report:
         self.plot = cfg.plot and distributed.is_main() and have_matplotlib
         if distributed.is_main():
             path = os.path.join(run_dir, "metrics.jsonl")
-            if resumed:
-                with open(path, "a") as f:
+            if resumed and os.path.exists(path) and os.path.getsize(path) >= state.metrics_bytes:
+                with open(path, "a") as f:      # cut, never lengthened (cli.py refused a shorter one)
                     f.truncate(state.metrics_bytes)
             self.metrics = open(path, "a" if resumed else "w")
             if cfg.report_to == "tensorboard":
@@ -155,6 +155,28 @@ class WandbRun:
                 json.dump({"id": self.run.id, "lines": self.held, "config": self.config}, f)
             os.replace(self.path + ".tmp", self.path)
         self.line += 1
+
+
+def metrics_problem(run_dir: str, length: int, round: int) -> str | None:
+    """Why a resume cannot cut run_dir/metrics.jsonl back to its checkpoint's ``length`` bytes, or
+    None: the file is shorter (cut or replaced since), or that length is not the end of a line
+    (changed since). A missing file is fine: a new one starts after the checkpoint."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    size = os.path.getsize(path)
+    if size < length:
+        what = f"holds {size:,} bytes, fewer than the {length:,} it had at the checkpoint of round {round}"
+    elif length:
+        with open(path, "rb") as f:
+            f.seek(length - 1)
+            if f.read(1) == b"\n":
+                return None
+        what = f"was changed since the checkpoint of round {round} (its byte {length:,} ends no line)"
+    else:
+        return None
+    return (f"{path} {what}: put back the file as it was, or move it away to go on with a new "
+            "metrics.jsonl from the checkpoint on")
 
 
 def peak_memory(stats: dict, phase: str) -> None:

@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import json
 import math
+import numbers
 import os
 import random
 import re
@@ -395,7 +396,10 @@ def load_reward(spec: str) -> Callable[[str, str], float]:
         pass                                        # no inspectable signature (some builtins): trust it
 
     def reward(prompt: str, completion: str) -> float:
-        value = float(fn(prompt, completion))
+        value = fn(prompt, completion)
+        if not isinstance(value, numbers.Real):         # bool, int, float (numpy's too); not '1.0'
+            raise TypeError(f"--reward {spec}: returned {type(value).__name__} {value!r}, not a number")
+        value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"--reward {spec}: returned {value} for completion {completion[:80]!r}")
         return value

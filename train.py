@@ -197,6 +197,7 @@ def main(argv=None) -> dict:
         sys.exit(f"error: {cli.OOM_HELP}")
     finally:
         stop.restore()
+        checkpoint.unlock_runs()
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -378,8 +379,15 @@ def finish(run: Run) -> dict:
 def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) -> Run:
     """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
     device, rank, world = distributed.init(cfg.device)
-    out = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    out = cfg.output_dir or (checkpoint.new_run_dir() if distributed.is_main() else "")
     out = distributed.broadcast(out)    # rank 0's name: the processes' clocks may straddle a second
+    busy = ""
+    try:                                # one process writes a run folder at a time
+        checkpoint.lock_run(out)
+    except checkpoint.RunFolderBusy as e:
+        busy = str(e)
+    if busy := distributed.broadcast(busy):
+        distributed.exit_all(f"error: {busy}", 2)
     report.save_config(out, {**asdict(cfg), "world_size": world})
     model, tokenizer, task = cli.load_model(cfg, task, device, rank)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -65,6 +65,7 @@ def compare_runs(monkeypatch):
     """compare.py with nothing built or trained: each run's flags are read by train.py's parser
     (the config the run would write: .runs holds (folder, train.Config)), its files made up by
     fake_train, the models it would build listed in .builds."""
+    import shutil
     import types
 
     import compare
@@ -73,8 +74,12 @@ def compare_runs(monkeypatch):
     seen = types.SimpleNamespace(runs=[], builds=[])
     monkeypatch.setattr(compare, "build_tiny_model",
                         lambda task, seed, steps=0: seen.builds.append((task, seed, steps)))
-    monkeypatch.setattr(compare, "run_train", lambda argv, out: seen.runs.append((out, train.parse_config(argv)))
-                        or fake_train(argv, out))
+    def run_train(argv, out):
+        shutil.rmtree(out, ignore_errors=True)          # as compare.run_train: a run not done runs afresh
+        seen.runs.append((out, train.parse_config(argv)))
+        fake_train(argv, out)
+
+    monkeypatch.setattr(compare, "run_train", run_train)
     monkeypatch.setattr(compare, "plot", lambda *a: None)
     return seen
 
