@@ -14,12 +14,14 @@ are unique (``new_run_dir``), and the process that writes a run folder holds its
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -130,7 +132,56 @@ def newest_readable(run_dir: str) -> Checkpoint | None:
     return None
 
 
+class DiskFull(Exception):
+    """A write that failed for want of space (ENOSPC, EDQUOT): ``path`` the file, ``run_dir`` its
+    run folder. train.py turns it into one line (``disk_full_message``)."""
+
+    def __init__(self, run_dir: str, path: str):
+        super().__init__(path)
+        self.run_dir, self.path = run_dir, path
+
+
+def no_space(e: BaseException | None) -> bool:
+    """Whether an exception, or one in its chain, is a full disk or quota: torch.save reports one as
+    a RuntimeError ('unexpected pos ...') raised while handling the OSError, safetensors in words."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def disk_full_message(e: DiskFull) -> str:
+    """One line: the file, the folder, the last checkpoint (intact) and how to go on."""
+    last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
+    then = (f"the last checkpoint, {last}, is intact: free space, then "
+            f"{distributed.command(f'train.py --resume {e.run_dir}')}" if last else
+            "no checkpoint had been saved: free space and start the run again")
+    return f"the disk is full: {e.path} could not be written (no space left where {e.run_dir} is); {then}"
+
+
 def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
+    """Write a checkpoint (``write``); a full disk removes the half-written one and raises DiskFull
+    naming the file it was writing (the older checkpoints stay intact)."""
+    round = state["round"]
+    tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
+    current = [tmp]                     # the file being written
+    try:
+        return write(run_dir, state, config, tmp, current, model=model, optimizer=optimizer,
+                     buffer=buffer, rng=rng)
+    except Exception as e:
+        if not no_space(e):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFull(run_dir, current[0]) from None
+
+
+def write(run_dir: str, state: dict, config: dict, tmp: str, current: list, *, model, optimizer,
+          buffer, rng) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact.
     Every rank calls it (each writes its buffer shard and RNG state). state: the loop state (its
@@ -138,20 +189,22 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
     stream."""
     from safetensors.torch import save_file
 
-    round = state["round"]
-    final = os.path.join(run_dir, f"checkpoint-{round}")
-    tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
+    def to(name: str) -> str:
+        current[0] = os.path.join(tmp, name)
+        return current[0]
+
+    final = os.path.join(run_dir, f"checkpoint-{state['round']}")
     if distributed.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     distributed.barrier()
-    save_file(buffer.state_dict(), os.path.join(tmp, shard_name("buffer", distributed.rank())))
-    save_file(rng_states(), os.path.join(tmp, shard_name("rng", distributed.rank())))
+    save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
+    save_file(rng_states(), to(shard_name("rng", distributed.rank())))
     distributed.barrier()
     if distributed.is_main():        # the weights and the optimizer state: the same on every rank
-        model.save_pretrained(os.path.join(tmp, "adapter"))
-        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
+        model.save_pretrained(to("adapter"))
+        torch.save(optimizer.state_dict(), to("optimizer.pt"))
+        with open(to("state.json"), "w") as f:
             json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -207,7 +260,12 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
 def save_adapter(model, folder: str) -> None:
     """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0."""
     if distributed.is_main():
-        model.save_pretrained(folder)
+        try:
+            model.save_pretrained(folder)
+        except Exception as e:
+            if not no_space(e):
+                raise
+            raise DiskFull(os.path.dirname(folder), folder) from None
 
 
 def load_adapter(model, folder: str) -> None:
@@ -298,19 +356,44 @@ def unlock_runs() -> None:
 
 
 class StopRequest:
-    """First Ctrl-C / SIGTERM: finish the step, save, exit. A second Ctrl-C exits at once."""
+    """First Ctrl-C / SIGTERM: finish the step, save, exit; a step that does not finish within
+    ``grace`` seconds (a reward that hangs, say) exits without saving, naming the last checkpoint.
+    A second Ctrl-C or SIGTERM exits at once."""
 
-    def __init__(self):
+    def __init__(self, grace: float | None = None):
         self.signum = None              # the signal this process received
         self.agreed = None              # the signal that stops the run, once any process has one
+        if grace is None:               # REPLAY_RL_STOP_GRACE: the tests' shorter grace
+            grace = float(os.environ.get("REPLAY_RL_STOP_GRACE", 30))
+        self.grace, self.run_dir, self.watchdog = grace, None, None
         self.previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def __call__(self, signum, frame):
         self.signum = signum
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        distributed.print0(f"\n{signal.Signals(signum).name}: finishing this step, then saving a "
-                           "checkpoint (Ctrl-C again to exit at once, without saving)",
-                           file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)     # a second one: exit at once
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        distributed.print0(f"\n{signal.Signals(signum).name}: finishing this step (at most "
+                           f"{self.grace:.0f} s), then saving a checkpoint (Ctrl-C again to exit at "
+                           "once, without saving)", file=sys.stderr, flush=True)
+        if self.watchdog is None:
+            self.watchdog = threading.Timer(self.grace, self.give_up)
+            self.watchdog.daemon = True
+            self.watchdog.start()
+
+    def give_up(self) -> None:
+        """The step did not finish within the grace: exit now, naming what a resume starts from."""
+        last = find(self.run_dir) if self.run_dir and os.path.isdir(self.run_dir) else None
+        distributed.print0(f"the step did not finish within {self.grace:.0f} s of "
+                           f"{signal.Signals(self.signum).name}: exited without saving; "
+                           + (f"the last checkpoint is {last}: resume with "
+                              f"{distributed.command(f'train.py --resume {self.run_dir}')}"
+                              if last else "no checkpoint had been saved"), file=sys.stderr, flush=True)
+        os._exit(128 + self.signum)
+
+    def saving(self) -> None:
+        """The step finished: the save that follows may take the time it needs."""
+        if self.watchdog is not None:
+            self.watchdog.cancel()
 
     def requested(self) -> bool:
         """Whether a signal asked to stop, in any process: all stop at the same step, or the others
@@ -320,5 +403,6 @@ class StopRequest:
         return self.agreed is not None
 
     def restore(self):
+        self.saving()
         for s, handler in self.previous.items():
             signal.signal(s, handler)

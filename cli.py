@@ -14,7 +14,9 @@ import importlib.util
 import math
 import numbers
 import os
+import signal
 import sys
+import threading
 
 import torch
 
@@ -49,7 +51,8 @@ MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generati
 
 
 # At T = 0.01 a logit gap of 0.2 already gives the sampled token a probability of 1 - 2e-9: the
-# importance ratios and the policy gradient of every token vanish (measured: loss 0 at 1e-8).
+# importance ratios and the policy gradient of every token vanish (issue 33: at 1e-8 the loss and
+# the gradient were 0 at every step).
 MIN_TEMPERATURE = 0.01
 
 
@@ -174,7 +177,7 @@ def config_problem(cfg) -> str | None:
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
     for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_rounds", "max_gen_tokens",
-                 "max_age", "micro_batch_size", "save_every", "eval_every_tokens"):
+                 "max_age", "micro_batch_size", "save_every", "eval_every_tokens", "reward_timeout"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -339,17 +342,40 @@ def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
     return FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens))
 
 
-class CheckedReward:
-    """The task's reward(prompt, completion), checked: a finite float. One that raises stops the
-    run with one line naming the prompt and the completion, or (--on-reward-error zero) scores 0
-    and is counted in ``errors``."""
+class RewardTimeout(Exception):
+    """A reward call that took longer than --reward-timeout."""
 
-    def __init__(self, reward, on_error: str):
-        self.reward, self.on_error, self.errors = reward, on_error, 0
+
+class CheckedReward:
+    """The task's reward(prompt, completion), checked: a finite float, within ``timeout`` seconds
+    (0: no limit). One that raises, returns something else or takes longer stops the run with one
+    line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is counted
+    in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a POSIX
+    system only (elsewhere no limit), and a call blocked in C code that never checks for signals
+    is not cut."""
+
+    def __init__(self, reward, on_error: str, timeout: float = 0.0):
+        self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
+
+    def timed(self, prompt: str, completion: str):
+        limited = (self.timeout > 0 and hasattr(signal, "setitimer")
+                   and threading.current_thread() is threading.main_thread())
+        if not limited:
+            return self.reward(prompt, completion)
+
+        def expire(signum, frame):
+            raise RewardTimeout(f"took longer than {self.timeout:g} s (--reward-timeout)")
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            return self.reward(prompt, completion)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
     def __call__(self, prompt: str, completion: str) -> float:
         try:
-            value = self.reward(prompt, completion)
+            value = self.timed(prompt, completion)
             if not isinstance(value, numbers.Real):     # bool, int, float (numpy's too); not '1.0'
                 raise TypeError(f"returned {type(value).__name__} {value!r}, not a number")
             if not math.isfinite(value):

@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
     limit = cfg.max_new_tokens or task.max_new_tokens
     print(f"{args.adapter}: model {cfg.model}, task {task.name}, {len(prompts)} held-out prompts, "
           f"up to {limit} new tokens")
-    reward = cli.CheckedReward(task.reward, cfg.on_reward_error)
+    reward = cli.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     # train.py's eval: the training reward, then the task's named ones, in batches of the same size
     fns = cli.eval_rewards(task, reward)
     with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:

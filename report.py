@@ -58,8 +58,14 @@ class Report:
         if self.metrics is None:
             return 0
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
+        try:
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
+        except OSError as e:        # a full disk: one line (train.py); a resume cuts the partial line
+            import checkpoint
+            if not checkpoint.no_space(e):
+                raise
+            raise checkpoint.DiskFull(self.run_dir, self.metrics.name) from None
         if self.board is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "step":

@@ -126,6 +126,9 @@ class Config:
     resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
     on_reward_error: str = opt("raise", "a reward function that raises: stop (raise) or score 0 "
                                         "and count it (zero)", choices=("raise", "zero"))
+    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
+                                      "that raises (--on-reward-error); 0 = no limit. Enforced with "
+                                      "SIGALRM (not on Windows)")
     max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
 
     @property
@@ -195,6 +198,8 @@ def main(argv=None) -> dict:
         return train(cfg, task, stop, saved)
     except torch.OutOfMemoryError:
         sys.exit(f"error: {cli.OOM_HELP}")
+    except checkpoint.DiskFull as e:
+        sys.exit(f"error: {checkpoint.disk_full_message(e)}")
     finally:
         stop.restore()
         checkpoint.unlock_runs()
@@ -205,6 +210,7 @@ def train(cfg: Config, task: tasks.Task, stop: checkpoint.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
     """The loop of the README: each round generate, add to the buffer, K updates; eval, save."""
     run = setup(cfg, task, saved)
+    stop.run_dir = run.out              # what a stop that cannot finish its step names
     state = run.state
     if state.first_accuracy is None:
         evaluate(run)                   # step 0: before any update
@@ -355,6 +361,7 @@ def save(run: Run) -> str:
 
 
 def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
+    stop.saving()                       # the step finished in time
     path = save(run)
     run.report.close()
     distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: "     # or torchrun
@@ -399,7 +406,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
                           skip_zero_advantage=cfg.skip_zero_advantage)
     state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cfg.eval_every_tokens,
                       world_size=world)
-    reward = cli.CheckedReward(task.reward, cfg.on_reward_error)
+    reward = cli.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out,
               state)
     report.start(cfg, task, world)

@@ -101,6 +101,7 @@ save_every             | --save-every 2                 | config   | config   | 
 keep_checkpoints       | --keep-checkpoints 3           | config   | config   | config  |
 resume                 | --resume {ckpt}                | config   | config   | refused |
 on_reward_error        | --on-reward-error zero         | config   | config   | config  |
+reward_timeout         | --reward-timeout 5             | config   | config   | config  |
 max_skipped_steps      | --max-skipped-steps 3          | config   | config   | config  |
 """)
 CONTEXTS = ("train.py", "train.py --resume", "compare.py --train-args")

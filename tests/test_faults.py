@@ -1,0 +1,145 @@
+"""Faults that lose nothing: a full disk while writing a checkpoint or metrics.jsonl is one line
+with the intact checkpoint to resume from; a reward that hangs is cut off; a stop whose step
+cannot finish exits in time, naming the last checkpoint; a second signal exits at once."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+import torch
+
+import checkpoint
+import report
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--batch-size", "16", "--buffer-size", "16",
+         "--eval-prompts", "20", "--eval-every", "1000", "--no-progress", "--no-plot"]
+
+
+def full_disk():
+    """What torch.save raises on a full disk: a RuntimeError raised while handling the OSError."""
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 306304 vs 306196")
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_last_checkpoint_resumes(tmp_path, tiny_path,
+                                                                                     monkeypatch):
+    run = str(tmp_path / "run")
+    real_save, calls = torch.save, []
+
+    def save(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:             # checkpoint-4's optimizer state
+            full_disk()
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(SystemExit) as e:
+        train.main(SMALL + ["--output-dir", run, "--max-rounds", "6", "--save-every", "2"])
+    message = str(e.value.code)
+    assert "\n" not in message and message.startswith("error: the disk is full: ")
+    assert os.path.join(run, ".tmp-checkpoint-4", "optimizer.pt") in message
+    assert f"the last checkpoint, {os.path.join(run, 'checkpoint-2')}, is intact" in message
+    assert f"train.py --resume {run}" in message
+    assert not os.path.exists(os.path.join(run, ".tmp-checkpoint-4"))           # the partial one removed
+    monkeypatch.setattr(torch, "save", real_save)                                # space freed
+    assert train.main(["--resume", run, "--max-rounds", "6"])["round"] == 6
+
+
+def test_a_full_disk_while_writing_metrics_is_one_line(tmp_path, tiny_path, monkeypatch):
+    run = str(tmp_path / "run")
+    real_dumps, calls = json.dumps, []
+
+    def dumps(obj, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_dumps(obj, *args, **kwargs)
+
+    # report.py's json alone (transformers' own writes use the json module too)
+    monkeypatch.setattr(report, "json", types.SimpleNamespace(dumps=dumps, dump=json.dump, load=json.load,
+                                                              loads=json.loads))
+    with pytest.raises(SystemExit) as e:
+        train.main(SMALL + ["--output-dir", run, "--max-rounds", "6"])
+    message = str(e.value.code)
+    assert message.startswith(f"error: the disk is full: {os.path.join(run, 'metrics.jsonl')} could not")
+    assert "no checkpoint had been saved" in message and "\n" not in message
+
+
+def hanging_reward(tmp_path, after: int) -> str:
+    """A --reward whose call number `after` never returns (it leaves a file saying so first)."""
+    marker = tmp_path / "hanging"
+    (tmp_path / "hang.py").write_text(textwrap.dedent(f"""
+        import time
+        calls = []
+        def reward(prompt, completion):
+            calls.append(1)
+            if len(calls) == {after}:
+                open({str(marker)!r}, "w").close()
+                time.sleep(10**6)
+            return float(completion.strip() == "1")
+    """))
+    return f"{tmp_path / 'hang.py'}:reward"
+
+
+def start(args, **env):
+    code = f"import train; train.main({args!r})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **env})
+
+
+def wait_for(path, proc, seconds=120):
+    deadline = time.time() + seconds
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+
+
+def test_a_reward_that_hangs_is_cut_off_by_the_timeout(tmp_path, tiny_path):
+    flags = SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "1", "--max-rounds", "5"]
+    proc = start(flags + ["--output-dir", str(tmp_path / "a")])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]                  # (libraries may warn on lines before it)
+    assert last.startswith("error: the reward function failed on prompt ")
+    assert "RewardTimeout: took longer than 1 s (--reward-timeout)" in last
+    os.remove(tmp_path / "hanging")
+    proc = start(flags + ["--output-dir", str(tmp_path / "b"), "--on-reward-error", "zero"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    last = json.loads(open(tmp_path / "b" / "metrics.jsonl").readlines()[-1])
+    assert last["reward_errors"] == 1
+
+
+def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--save-every", "1",
+                          "--max-rounds", "100", "--output-dir", run], REPLAY_RL_STOP_GRACE="2")
+    wait_for(tmp_path / "hanging", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "finishing this step (at most 2 s)" in err
+    last = checkpoint.find(run)
+    assert last and f"did not finish within 2 s of SIGINT: exited without saving; the last checkpoint is {last}" in err
+
+
+def test_a_second_sigterm_exits_at_once(tmp_path, tiny_path):
+    proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--max-rounds", "100",
+                          "--output-dir", str(tmp_path / "run")], REPLAY_RL_STOP_GRACE="600")
+    wait_for(tmp_path / "hanging", proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    assert proc.poll() is None                       # the first waits for its step
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode != 0 and "finishing this step" in err
