@@ -14,6 +14,7 @@ are unique (``new_run_dir``), and the process that writes a run folder holds its
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -164,52 +165,57 @@ def disk_full_message(e: DiskFull) -> str:
     return f"the disk is full: {e.path} could not be written (no space left where {e.run_dir} is); {then}"
 
 
-def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
-    """Write a checkpoint (``write``); a full disk removes the half-written one and raises DiskFull
-    naming the file it was writing (the older checkpoints stay intact)."""
-    round = state["round"]
-    tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
-    current = [tmp]                     # the file being written
+@contextlib.contextmanager
+def full_disk_as_one_line(run_dir: str, path, cleanup: str | None = None):
+    """Within this block a full disk raises DiskFull(run_dir, path) (path: a string, or a function
+    that gives the file being written when it failed), after removing ``cleanup`` (a half-written
+    folder); other errors pass unchanged."""
     try:
-        return write(run_dir, state, config, tmp, current, model=model, optimizer=optimizer,
-                     buffer=buffer, rng=rng)
+        yield
     except Exception as e:
         if not no_space(e):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DiskFull(run_dir, current[0]) from None
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise DiskFull(run_dir, path() if callable(path) else path) from None
 
 
-def write(run_dir: str, state: dict, config: dict, tmp: str, current: list, *, model, optimizer,
-          buffer, rng) -> str:
+def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
-    first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact.
+    first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact;
+    a full disk removes the half-written one and raises DiskFull naming the file it was writing.
     Every rank calls it (each writes its buffer shard and RNG state). state: the loop state (its
     round names the folder); config: the run's (keep_checkpoints: how many stay); rng: the prompt
     stream."""
     from safetensors.torch import save_file
 
-    def to(name: str) -> str:
-        current[0] = os.path.join(tmp, name)
-        return current[0]
+    round = state["round"]
+    final = os.path.join(run_dir, f"checkpoint-{round}")
+    tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
+    current = tmp                       # the file being written
 
-    final = os.path.join(run_dir, f"checkpoint-{state['round']}")
-    if distributed.is_main():
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    distributed.barrier()
-    save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
-    save_file(rng_states(), to(shard_name("rng", distributed.rank())))
-    distributed.barrier()
-    if distributed.is_main():        # the weights and the optimizer state: the same on every rank
-        model.save_pretrained(to("adapter"))
-        torch.save(optimizer.state_dict(), to("optimizer.pt"))
-        with open(to("state.json"), "w") as f:
-            json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
-            shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
+    def to(name: str) -> str:
+        nonlocal current
+        current = os.path.join(tmp, name)
+        return current
+
+    with full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
+        if distributed.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        distributed.barrier()
+        save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
+        save_file(rng_states(), to(shard_name("rng", distributed.rank())))
+        distributed.barrier()
+        if distributed.is_main():        # the weights and the optimizer state: the same on every rank
+            model.save_pretrained(to("adapter"))
+            torch.save(optimizer.state_dict(), to("optimizer.pt"))
+            with open(to("state.json"), "w") as f:
+                json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
+                shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
     distributed.barrier()
     return final
 
@@ -260,12 +266,8 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
 def save_adapter(model, folder: str) -> None:
     """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0."""
     if distributed.is_main():
-        try:
+        with full_disk_as_one_line(os.path.dirname(folder), folder):
             model.save_pretrained(folder)
-        except Exception as e:
-            if not no_space(e):
-                raise
-            raise DiskFull(os.path.dirname(folder), folder) from None
 
 
 def load_adapter(model, folder: str) -> None:

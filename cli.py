@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import math
-import numbers
 import os
 import signal
 import sys
@@ -285,7 +283,8 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
         if rank == 0:
             model_path = resolve_model(cfg.model, log)
         distributed.barrier()
-        model_path = resolve_model(cfg.model, log)
+        if rank != 0:                           # each resolve reads the whole file for its hash
+            model_path = resolve_model(cfg.model, log)
     torch.manual_seed(cfg.seed + rank)          # after the warm start, which may have used the RNG
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):
@@ -375,12 +374,7 @@ class CheckedReward:
 
     def __call__(self, prompt: str, completion: str) -> float:
         try:
-            value = self.timed(prompt, completion)
-            if not isinstance(value, numbers.Real):     # bool, int, float (numpy's too); not '1.0'
-                raise TypeError(f"returned {type(value).__name__} {value!r}, not a number")
-            if not math.isfinite(value):
-                raise ValueError(f"non-finite reward {value}")
-            return float(value)
+            return tasks.real_number(self.timed(prompt, completion))
         except Exception as e:
             if self.on_error != "zero":
                 sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "

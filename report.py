@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+import checkpoint
 import distributed
 
 
@@ -58,14 +59,10 @@ class Report:
         if self.metrics is None:
             return 0
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
-        try:
+        # a full disk: one line (train.py); a resume cuts the partial line off
+        with checkpoint.full_disk_as_one_line(self.run_dir, self.metrics.name):
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
-        except OSError as e:        # a full disk: one line (train.py); a resume cuts the partial line
-            import checkpoint
-            if not checkpoint.no_space(e):
-                raise
-            raise checkpoint.DiskFull(self.run_dir, self.metrics.name) from None
         if self.board is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "step":

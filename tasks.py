@@ -396,12 +396,17 @@ def load_reward(spec: str) -> Callable[[str, str], float]:
         pass                                        # no inspectable signature (some builtins): trust it
 
     def reward(prompt: str, completion: str) -> float:
-        value = fn(prompt, completion)
-        if not isinstance(value, numbers.Real):         # bool, int, float (numpy's too); not '1.0'
-            raise TypeError(f"--reward {spec}: returned {type(value).__name__} {value!r}, not a number")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(f"--reward {spec}: returned {value} for completion {completion[:80]!r}")
-        return value
+        return real_number(fn(prompt, completion), f"--reward {spec}")
 
     return reward
+
+
+def real_number(value, who: str = "the reward") -> float:
+    """A reward's value as a float, if it is a finite real number (bool, int, float, numpy's too);
+    else a TypeError or ValueError naming ``who``: not the string '1.0', and not NaN, which would
+    turn every advantage of its group, and then the loss, into NaN."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{who} returned {type(value).__name__} {value!r}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{who} returned {value}, not a finite number")
+    return float(value)
