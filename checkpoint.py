@@ -317,42 +317,51 @@ def new_run_dir(parent: str = "runs") -> str:
 
 
 class RunFolderBusy(Exception):
-    """Another live process holds the run folder's lock; the message is one line."""
+    """Another live process holds the folder's lock; the message is one line."""
 
 
-_locks: dict[str, object] = {}          # run folder -> its open, locked .lock file (this process)
+_locks: dict[str, object] = {}          # lock file -> its open, locked file (this process)
 
 
-def lock_run(run_dir: str) -> None:
-    """Take the run folder's lock (run_dir/.lock, an OS file lock) for as long as this process
-    writes there; raises RunFolderBusy if another process holds it. The OS releases it on every
-    exit, a crash or SIGKILL included, so a lock is never stale: the .lock file that stays names
-    the last process that held it, nothing more. Rank 0 alone (the others write no run files).
-    Without fcntl (Windows) there is no lock."""
+def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a resume in progress",
+                other: str = "--output-dir") -> None:
+    """Take the lock folder/name (an OS file lock) for as long as this process writes there; raises
+    RunFolderBusy, naming the holder's pid, ``what`` it does and the flag ``other`` that picks
+    another place, if another process holds it. The OS releases it on every exit, a crash or SIGKILL
+    included, so a lock is never stale: the file that stays names the last process that held it,
+    nothing more. train.py locks its run folder (.lock), compare.py its comparison folder, evaluate.py
+    the file it writes (.eval.json.lock). Rank 0 alone (the others write no run files). Without
+    fcntl (Windows) there is no lock."""
     try:
         import fcntl
     except ImportError:
         return
-    if not distributed.is_main() or run_dir in _locks:
+    path = os.path.join(folder, name)
+    if not distributed.is_main() or path in _locks:
         return
-    os.makedirs(run_dir, exist_ok=True)
-    f = open(os.path.join(run_dir, ".lock"), "a+")
+    os.makedirs(folder, exist_ok=True)
+    f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise RunFolderBusy(f"{run_dir} is being written by {holder} (a run or a resume in progress): "
-                            "wait for it to end, or use another --output-dir") from None
+        raise RunFolderBusy(f"{folder} is being written by {holder} ({what}): wait for it to end, "
+                            f"or use another {other}") from None
     f.truncate(0)
     f.write(f"pid {os.getpid()}\n")
     f.flush()
-    _locks[run_dir] = f
+    _locks[path] = f
+
+
+def lock_run(run_dir: str) -> None:
+    """train.py's lock on its run folder (run_dir/.lock): see lock_folder."""
+    lock_folder(run_dir)
 
 
 def unlock_runs() -> None:
-    """Release this process's run folder locks (a run in this process ended)."""
+    """Release this process's folder locks (a run in this process ended)."""
     while _locks:
         _locks.popitem()[1].close()
 

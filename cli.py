@@ -270,7 +270,7 @@ def eval_rewards(task: tasks.Task, reward) -> dict:
 def load_model(cfg, task: tasks.Task, device: str, rank: int):
     """(policy with a fresh LoRA adapter, tokenizer, task with its prompts in the chat template)."""
     import demo
-    from replay_rl import load_policy
+    from replay_rl import load_policy, load_tokenizer
 
     model_path = cfg.model
     if cfg.model == "tiny":                     # built once (rank 0), then loaded from the cache
@@ -289,28 +289,70 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
     dtype = pick_dtype(cfg.dtype, device)
     if not os.path.isdir(model_path):
         tasks.use_local_cache_if_offline()
+    plain = task
     try:
+        tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
+        if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
+            system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+            task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+        elif cfg.system_prompt:
+            distributed.exit_all("error: --system-prompt needs a tokenizer with a chat template")
+        if problem := context_problem(model_path, tokenizer, task, plain, cfg):
+            distributed.exit_all(f"error: --model {cfg.model}: {problem}", 2)
         model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                        load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
                                        gradient_checkpointing=cfg.gradient_checkpointing,
-                                       trust_remote_code=cfg.trust_remote_code)
+                                       trust_remote_code=cfg.trust_remote_code, tokenizer=tokenizer)
     except OSError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         distributed.exit_all(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a "
                              "local folder, or download it once with network (it is then "
                              "cached)")
-    if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
-        system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-        task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
-            system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
-    elif cfg.system_prompt:
-        distributed.exit_all("error: --system-prompt needs a tokenizer with a chat template")
     lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
     base = sum(p.numel() for p in model.parameters()) - lora
     report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
         f"{', 4-bit' if cfg.load_in_4bit else ''}): {base / 1e6:.2f}M parameters, "
         f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
     return model, tokenizer, task
+
+
+def context_problem(model_path: str, tokenizer, task: tasks.Task, plain: tasks.Task, cfg) -> str | None:
+    """Each prompt (in its chat template) plus max_new_tokens against the model's context (its
+    config's max_position_embeddings or n_positions), before the model is loaded: one line naming
+    the first prompt that does not fit (by its words in ``plain``, the task before the template),
+    or None. Beyond it a model with learned positions fails at an index and one
+    with rotary positions goes on silently, outside the lengths it was trained on."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.trust_remote_code)
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not context:
+        return None
+    new = cfg.max_new_tokens or task.max_new_tokens
+    room = context - new                # the most prompt tokens that fit
+    if room <= 0:
+        return (f"{new} new tokens (--max-new-tokens) leave no room for a prompt in the model's "
+                f"context of {context} tokens: --max-new-tokens below {context}")
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    for kind, prompts, words in (("training", task.train_prompts, plain.train_prompts),
+                                 ("held-out", task.eval_prompts, plain.eval_prompts)):
+        for i, prompt in enumerate(prompts):
+            if len(prompt.encode()) < room:     # a token holds a byte or more: it fits, uncounted
+                continue
+            head = prompt[:16 * (room + 1)]     # a 10 MB prompt: count its head (text runs < 16 bytes a token)
+            n = count(head)
+            if n <= room and len(head) < len(prompt):
+                head, n = prompt, count(prompt)
+            if n > room:
+                whole = len(head) == len(prompt)
+                template = " in the chat template" if cfg.chat_template and tokenizer.chat_template else ""
+                return (f"{kind} prompt {i + 1} of {len(prompts)} ('{' '.join(words[i].split())[:60]}...') "
+                        f"is {'' if whole else 'more than '}{n} tokens{template}: with {new} new "
+                        f"tokens, more than the model's context of {context}; "
+                        + (f"--max-new-tokens {context - n} or less, or " if whole and n < context else "")
+                        + "a shorter prompt")
+    return None
 
 
 def resolve_model(name: str, log) -> str:

@@ -81,6 +81,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import checkpoint
 import cli
 import train
 
@@ -573,7 +574,10 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
 
 
 def compare(args) -> dict:
-    os.makedirs(args.output_dir, exist_ok=True)
+    try:        # its runs are rewritten from scratch: two comparisons in one folder would mix
+        checkpoint.lock_folder(args.output_dir, what="a comparison in progress")
+    except checkpoint.RunFolderBusy as e:
+        raise CompareError(str(e)) from None
     grid = token_grid(args)
     cost = load_cost(args.cost) if args.cost else None
     sizes = {}

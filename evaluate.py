@@ -81,6 +81,19 @@ def parse(argv=None) -> argparse.Namespace:
     args.in_run = saved is not None
     if args.temperature is None:
         args.temperature = args.cfg.temperature
+    # the run's or the checkpoint's folder; an adapter outside a run: its own folder
+    holder = os.path.dirname(os.path.abspath(args.adapter)) if args.in_run else args.adapter
+    args.output = args.output or os.path.join(holder, "eval.json")
+    if os.path.isdir(args.output):
+        p.error(f"--output {args.output}: a folder; name the JSON file to write")
+    folder, name = os.path.split(os.path.abspath(args.output))
+    try:        # one writer of a file at a time: a second evaluate.py onto it is refused here
+        checkpoint.lock_folder(folder, f".{name}.lock", what="an evaluate.py writing it",
+                               other="--output")
+    except checkpoint.RunFolderBusy as e:
+        p.error(f"{args.output}: {e}")
+    except OSError as e:
+        p.error(f"--output {args.output}: cannot be written ({e.strerror or e})")
     return args
 
 
@@ -219,14 +232,24 @@ def main(argv=None) -> dict:
               "eval_prompts": len(prompts), "max_new_tokens": limit,
               **({"num_generations": n, "temperature": args.temperature} if n else {}),
               "reward_errors": reward.errors, **scores}
-    # the run's or the checkpoint's folder; an adapter outside a run: its own folder
-    holder = os.path.dirname(os.path.abspath(args.adapter)) if args.in_run else args.adapter
-    next_to_adapter = os.path.join(holder, "eval.json")
-    output = args.output or next_to_adapter
-    with open(output, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"written to {output}")
+    write(args.output, result)
+    print(f"written to {args.output}")
     return result
+
+
+def write(path: str, result: dict) -> None:
+    """eval.json written whole or not at all (a .tmp file, then renamed); a full disk is one line."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        if not checkpoint.no_space(e):
+            raise
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        sys.exit(f"error: the disk is full: {path} could not be written; the figures above are "
+                 "all it held: free space and run evaluate.py again")
 
 
 if __name__ == "__main__":

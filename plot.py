@@ -159,6 +159,18 @@ def _figure_legend(fig, ax, title: str | None = None) -> None:
 
 
 # ---- one run ---------------------------------------------------------------------------------
+def save(fig, path: str, dpi: int) -> None:
+    """The figure at path, whole or not at all (written beside it, then renamed): a full disk never
+    leaves half a PNG in place of the last good one."""
+    tmp = path + ".tmp"
+    try:
+        fig.savefig(tmp, dpi=dpi, format=os.path.splitext(path)[1][1:] or "png")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def plot_run(run_dir: str, path: str | None = None):
     """Write the health panels of one run to path (default run_dir/curves.png); return the Figure,
     or None without matplotlib. Panels: accuracy and reward against generated tokens; accuracy against
@@ -266,7 +278,7 @@ def plot_run(run_dir: str, path: str | None = None):
               fontsize=9)
     smoothing = f"faint: every step; bold: running mean of {window} steps; " if window > 1 else ""
     fig.suptitle(f"{os.path.normpath(run_dir)}: {smoothing}green: healthy range", fontsize=13)
-    fig.savefig(path, dpi=100)
+    save(fig, path, dpi=100)
     return fig
 
 
@@ -331,7 +343,7 @@ def plot_runs(run_dirs: list[str], path: str, labels: list[str] | None = None):
     reward.set_title("sampled reward (faint: every step; bold: running mean)", fontsize=11)
     reward.grid(alpha=0.3)
     _figure_legend(fig, acc_tokens)
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
     return fig
 
 
@@ -363,7 +375,7 @@ def plot_arms(summary: dict, path: str):
         ax.axhline(target, label=f"target {target:.3f} ({rule})", **REFERENCE)
         _accuracy_axes(ax, label, title, counts=ax is axes[0])
     _figure_legend(fig, axes[0], title="mean over seeds; band: min-max")
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
     return fig
 
 

@@ -29,21 +29,9 @@ NORMALIZATIONS = ("token_mean", "sequence_mean")
 FP16_LOSS_SCALE = 2.0**10       # update_step's loss_scale for float16 base weights (static)
 
 
-def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
-                target_modules="all-linear", load_in_4bit: bool = False,
-                device: str = "cpu", dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
-                trust_remote_code: bool = False):
-    """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
-
-    Returns (peft_model, tokenizer): pi_theta, with only the LoRA weights trainable. For exact
-    importance ratios the model samples with only the settings rollout.py passes (the checkpoint's
-    own generation defaults are dropped) and without dropout, so on fresh data rho = 1.
-    Engineering: the tokenizer pads on the left (prompts for generate) and falls back to EOS as
-    the pad token. load_in_4bit: nf4 weights with double quantization, computing in ``dtype``.
-    gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
-    """
-    from peft import LoraConfig, get_peft_model
-
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """The model's tokenizer, padding on the left (prompts for generate), with EOS as the pad token
+    if it has none."""
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     # Engineering: AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer), which rebuilds the
     # pre-tokenizer: for a folder whose tokenizer.json is not Qwen's own (e.g. a character vocabulary)
@@ -60,6 +48,25 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
+                target_modules="all-linear", load_in_4bit: bool = False,
+                device: str = "cpu", dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
+                trust_remote_code: bool = False, tokenizer=None):
+    """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
+
+    Returns (peft_model, tokenizer): pi_theta, with only the LoRA weights trainable. For exact
+    importance ratios the model samples with only the settings rollout.py passes (the checkpoint's
+    own generation defaults are dropped) and without dropout, so on fresh data rho = 1.
+    tokenizer: one from ``load_tokenizer`` (else loaded here). load_in_4bit: nf4 weights with
+    double quantization, computing in ``dtype``.
+    gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = tokenizer or load_tokenizer(name_or_path, trust_remote_code)
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     if load_in_4bit:
         from transformers import BitsAndBytesConfig

@@ -395,8 +395,8 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
         busy = str(e)
     if busy := distributed.broadcast(busy):
         distributed.exit_all(f"error: {busy}", 2)
-    report.save_config(out, {**asdict(cfg), "world_size": world})
     model, tokenizer, task = cli.load_model(cfg, task, device, rank)
+    report.save_config(out, {**asdict(cfg), "world_size": world})     # a folder whose model failed holds no run
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
     distributed.broadcast_tensors([p.data for p in params])

@@ -1,5 +1,6 @@
 """Faults that lose nothing: a full disk while writing a checkpoint or metrics.jsonl is one line
-with the intact checkpoint to resume from; a reward that hangs is cut off; a stop whose step
+with the intact checkpoint to resume from, and eval.json and curves.png are written whole or not
+at all; a reward that hangs is cut off; a stop whose step
 cannot finish exits in time, naming the last checkpoint; a second signal exits at once."""
 import errno
 import json
@@ -143,3 +144,41 @@ def test_a_second_sigterm_exits_at_once(tmp_path, tiny_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode != 0 and "finishing this step" in err
+
+
+def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path, monkeypatch):
+    import evaluate
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plot
+
+    path = str(tmp_path / "eval.json")
+    evaluate.write(path, {"eval_accuracy": 0.5})
+    real_dump = json.dump
+
+    def dump(obj, f, **kwargs):                    # half of it written, then no space
+        f.write('{"eval_accuracy": 0.')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", dump)
+    with pytest.raises(SystemExit) as e:
+        evaluate.write(path, {"eval_accuracy": 0.75})
+    assert str(e.value.code).startswith(f"error: the disk is full: {path} could not be written")
+    monkeypatch.setattr(json, "dump", real_dump)
+    assert json.load(open(path)) == {"eval_accuracy": 0.5} and os.listdir(tmp_path) == ["eval.json"]
+
+    png = str(tmp_path / "curves.png")
+    fig = plt.figure()
+    plot.save(fig, png, dpi=20)
+    whole = open(png, "rb").read()
+
+    def savefig(target, **kwargs):
+        open(target, "wb").write(b"\x89PNG half")
+        full_disk()
+
+    monkeypatch.setattr(fig, "savefig", savefig)
+    with pytest.raises(RuntimeError):              # report.curves turns this into one warning
+        plot.save(fig, png, dpi=20)
+    assert open(png, "rb").read() == whole and sorted(os.listdir(tmp_path)) == ["curves.png", "eval.json"]
+    plt.close(fig)

@@ -204,7 +204,7 @@ def test_every_flag_has_a_line_and_every_line_a_flag():
 
 
 class Loaded(Exception):
-    """cli.load_model was reached: every check before any model passed."""
+    """cli.load_model was reached (every check before any model passed) and config.json written."""
 
 
 load_task = tasks.load_task
@@ -224,15 +224,22 @@ def world(tmp_path, monkeypatch, request):
     (tmp_path / "reward.py").write_text("def exact(prompt, completion):\n    return 1.0\n")
     cost_file(tmp_path / "cost.json", lambda R: R / 100, lambda B: B / 200, sizes=(16, 512))   # benchmarks/cost.py's
     monkeypatch.setattr(tasks, "load_task", cached_task)
-    w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[])
+    w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[], stop=False)
 
-    def load_model(cfg, *args, **kwargs):
+    def load_model(cfg, task, *args, **kwargs):         # no model: train.py goes on to write config.json
         w.loaded.append(cfg)
-        raise Loaded(cfg)
+        w.stop = True
+        return torch.nn.Linear(1, 1), None, task
+
+    def save_config(run_dir, config):                   # the config as the run keeps it; then stop that run
+        w.run_dirs.append(run_dir)
+        report_save_config(run_dir, config)
+        if w.stop:
+            w.stop = False
+            raise Loaded(config)
     monkeypatch.setattr(cli, "load_model", load_model)
-    save_config, w.run_dirs = report.save_config, []
-    monkeypatch.setattr(report, "save_config", lambda run_dir, config: (w.run_dirs.append(run_dir),
-                                                                        save_config(run_dir, config))[1])
+    report_save_config, w.run_dirs = report.save_config, []
+    monkeypatch.setattr(report, "save_config", save_config)
 
     def fill(text):
         if "{run}" in text or "{ckpt}" in text:

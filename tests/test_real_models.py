@@ -16,7 +16,7 @@ from rollout import generate_rollouts
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 SIZE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
 PROMPTS = ["1+2=", "33+4=", "9+90="]            # different lengths: left padding in play
 
 

@@ -1,6 +1,8 @@
 """A run folder is one run's: a second run is refused before any model, default names never
-collide, one process writes a folder at a time; metrics.jsonl is cut on resume, never padded;
-inputs that would train nothing (a temperature near 0, a reward that is not a number) are refused."""
+collide, one process writes a folder at a time (a run's, evaluate.py's eval.json, a comparison's);
+metrics.jsonl is cut on resume, never padded; inputs that would train nothing (a temperature near
+0, a reward that is not a number) or that the model cannot take (a prompt beyond its context) are
+refused before the model is loaded."""
 import json
 import os
 import signal
@@ -58,11 +60,11 @@ def test_default_run_folders_are_unique_within_one_second(tmp_path, monkeypatch)
     assert all(os.path.isdir(f) and not os.listdir(f) for f in folders)
 
 
-def hold_lock(run):
-    """Another process that holds the run folder's lock until killed."""
+def hold_lock(run, name=".lock"):
+    """Another process that holds the folder's lock (name) until killed."""
     code = textwrap.dedent(f"""
         import sys, checkpoint
-        checkpoint.lock_run({run!r})
+        checkpoint.lock_folder({run!r}, {name!r})
         print("locked", flush=True)
         sys.stdin.read()
     """)
@@ -135,3 +137,54 @@ def test_a_temperature_that_trains_nothing_and_a_reward_that_is_no_number_are_re
         reward("1+2=", "3")
     assert cli.CheckedReward(lambda p, c: "1.0", "zero")("1+2=", "3") == 0.0
     assert [cli.CheckedReward(lambda p, c, v=v: v, "raise")("p", "c") for v in (True, 1, 0.5)] == [1.0, 1.0, 0.5]
+
+
+def test_a_second_writer_of_an_eval_json_or_a_comparison_folder_is_refused(finished, tmp_path, monkeypatch,
+                                                                          capsys):
+    import compare
+    import evaluate
+
+    run, _ = finished
+    no_model(monkeypatch)
+    holder = hold_lock(run, ".eval.json.lock")          # an evaluate.py writing run/eval.json
+    try:
+        with pytest.raises(SystemExit) as e:
+            evaluate.main([run])
+        assert e.value.code == 2
+        assert f"{os.path.join(run, 'eval.json')}: {run} is being written by pid {holder.pid} (an evaluate.py " \
+               "writing it): wait for it to end, or use another --output" in one_line_error(capsys)
+        other = str(tmp_path / "other.json")             # another file: no conflict
+        assert evaluate.parse([run, "--output", other]).output == other
+    finally:
+        holder.kill()
+        holder.wait()
+    comparison = str(tmp_path / "cmp")
+    holder = hold_lock(comparison)
+    monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("a run started"))
+    try:
+        with pytest.raises(SystemExit) as e:
+            compare.main(["--quick", "--output-dir", comparison])
+        assert e.value.code == 2
+        assert f"{comparison} is being written by pid {holder.pid} (a comparison in progress)" in one_line_error(capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_prompt_beyond_the_models_context_is_refused_before_the_model(tmp_path, tiny_path, monkeypatch, capsys):
+    import replay_rl
+
+    monkeypatch.setattr(replay_rl, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    run = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as e:                 # the demo model: 128 positions, prompts of 6 tokens
+        train.main(SMALL + ["--max-new-tokens", "123", "--output-dir", run])
+    assert e.value.code == 2
+    assert one_line_error(capsys) == (
+        "error: --model tiny: training prompt 1 of 9500 ('75+60=...') is 6 tokens: with 123 new tokens, more "
+        "than the model's context of 128; --max-new-tokens 122 or less, or a shorter prompt")
+    assert not checkpoint.holds_run(run)                 # nothing of a run: the same command may be fixed and rerun
+    with pytest.raises(SystemExit):
+        train.main(SMALL + ["--max-new-tokens", "128", "--output-dir", run])
+    assert "128 new tokens (--max-new-tokens) leave no room for a prompt" in one_line_error(capsys)
+    monkeypatch.undo()
+    assert train.main(SMALL + ["--max-new-tokens", "122", "--max-rounds", "1", "--output-dir", run])["round"] == 1

