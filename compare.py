@@ -36,6 +36,13 @@ The crossing is then placed between eval i-1 and eval i, linearly in the smoothe
 f = (target - s[i-1]) / (s[i] - s[i-1]), and tokens, seconds, rounds and steps to the target are
 x[i-1] + f (x[i] - x[i-1]) each (not the eval grid's step). Each replicate's own reach point is kept
 in summary.json, with its run (the curves at the evals), so a summary can be read again (--summary).
+Reach and hold, both: every table gives the tokens (and seconds) to *hold* the target (the reach
+above) and to *first reach* it (the first eval whose smoothed accuracy is at or above it, placed
+alike), and the *fall after reach* of each arm (per replicate, the target minus its lowest eval from
+its first reach on, 0 if none is below; the mean over the replicates that reached): a verdict says
+whether a difference in tokens comes from the rise or from holding. The evals a rise spans (from
+the start to the first reach) say how finely the grid resolves it: when the fastest arm's rise
+spans fewer than 5, every verdict line says the token figures are too coarse to tell.
 
 Intervals: 90% bootstrap over replicates, --bootstrap draws. A draw takes replicate i of every arm
 together (they start from the same model with the same seed), recomputes the target and every arm's
@@ -43,7 +50,11 @@ reach, and takes each ratio within the draw: replay against on-policy, and repla
 control (paired: replay i with control i), never a ratio of two intervals. not reached counts as inf.
 --sweep-lr picks each arm's lr on --sweep-seeds replicates of their own (seeds 1000, ...: their own
 warm starts and RL seeds), not on the reported ones; so not with --one-model, and with a real
---model only the RL seed is held out (summary.json says so).
+--model only the RL seed is held out (summary.json says so). It picks by what the tables report:
+the fewest tokens to hold the sweep's target (the highest on-policy target over the lrs) on the
+mean curve of the sweep replicates, not reached counting as the worst, ties broken by the mean
+accuracy over the evals (the area); where the area alone would pick another lr, the summary shows
+both and the token ratio to on-policy on the sweep replicates at each.
 Every train.py flag compare.py sets for a run (the arm's, the replicate's, the lr, the budget, the
 evals) is its own to set: --train-args holding one is refused, as are unknown flags.
 
@@ -117,12 +128,14 @@ class CompareError(ValueError):
 # ---- one run, read back ------------------------------------------------------------------
 X_KEYS = ("tokens", "seconds", "rounds", "steps")          # where a run is, at an eval
 EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "eval_accuracy")
+PER_STEP = ("is_ratio_mean", "is_ratio_max", "is_truncated_frac")        # kept per update in a run's record
 
 
 def run_record(run_dir: str) -> dict:
     """The compact record of a finished run (a few KB): its config, its eval rows, the entropy of its
-    last 5% of steps, its staleness over all steps (the importance weights truncated, the ages) and
-    its final counters; all that read_record needs, none of its checkpoints."""
+    last 5% of steps, its staleness over all steps (the importance weights truncated, the ages, the
+    importance ratios) and per step (PER_STEP), and its final counters; all that read_record needs,
+    none of its checkpoints."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -133,7 +146,11 @@ def run_record(run_dir: str) -> dict:
             "staleness": {"truncated_frac": statistics.fmean(r["is_truncated_frac"] for r in steps),
                           "truncated_frac_max": max(r["is_truncated_frac"] for r in steps),
                           "age_mean": statistics.fmean(r["age_mean"] for r in steps),
-                          "age_max": max(r["age_max"] for r in steps)},
+                          "age_max": max(r["age_max"] for r in steps),
+                          "is_ratio_mean": statistics.fmean(r["is_ratio_mean"] for r in steps),
+                          "is_ratio_max": max(r["is_ratio_max"] for r in steps)},
+            # every update's staleness (skipped ones included), so any sentence about it can be recomputed
+            "per_step": {k: [round(r[k], 5) for r in steps] for k in PER_STEP},
             "last": {k: rows[-1][k] for k in ("round", "step", "gen_seconds", "train_seconds")}}
 
 
@@ -158,7 +175,7 @@ def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
         "entropy": statistics.mean(tail) if tail else float("nan"), "R": R, "B": B,
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
-        **record.get("staleness", {}),          # records written before 2026-12-01 have none
+        **record.get("staleness", {}),          # records written before 2026-12-01 have none (or no ratios)
     }
 
 
@@ -185,19 +202,33 @@ def reach_index(accs: list[float], target: float) -> int | None:
     return held
 
 
-def reach_point(curve: dict, target: float) -> dict | None:
+def first_reach_index(accs: list[float], target: float) -> int | None:
+    """Index of the first eval whose smoothed accuracy is >= target, held afterwards or not (the
+    evals reach_index considers); None if none is. From it on, a run that falls back is unstable."""
+    return next((i for i in range(1, len(accs) - 1) if smoothed(accs, i) >= target - 1e-9), None)
+
+
+def reach_point(curve: dict, target: float, rule=reach_index) -> dict | None:
     """Where a curve (accuracy and X_KEYS at each eval) crosses the target: between the eval before
     the reach (i - 1) and the reach i, linearly in the smoothed accuracy s: each x at
         x[i-1] + f * (x[i] - x[i-1]),   f = (target - s[i-1]) / (s[i] - s[i-1])
     (tokens, seconds, rounds and steps alike); f = 1 (the reach eval itself) when s[i-1] is not below
-    the target (a curve that starts above it). None: the curve does not reach."""
+    the target (a curve that starts above it). rule: reach_index (the target held to the end) or
+    first_reach_index (first touched). None: the curve does not reach."""
     accs = curve["accuracy"]
-    i = reach_index(accs, target)
+    i = rule(accs, target)
     if i is None:
         return None
     before, at = smoothed(accs, i - 1), smoothed(accs, i)
     f = (target - before) / (at - before) if before < target < at else 1.0
     return {k: curve[k][i - 1] + f * (curve[k][i] - curve[k][i - 1]) for k in X_KEYS}
+
+
+def fall_after_reach(accs: list[float], target: float) -> float | None:
+    """A run's instability: its deepest fall below the target after it first reaches it, target -
+    the lowest eval from there on (raw evals; 0 if none is below); None if it never reaches."""
+    i = first_reach_index(accs, target)
+    return None if i is None else max(0.0, target - min(accs[i:]))
 
 
 def mean_curve(runs: list[dict]) -> dict[str, list[float]]:
@@ -273,6 +304,11 @@ def ratio(a: float, b: float) -> float:
     return math.inf if math.isinf(a) else 0.0 if math.isinf(b) else a / b
 
 
+def difference(a: float, b: float) -> float:
+    """a - b of two figures that exist only where a run reached (inf: not reached): inf if either is."""
+    return math.inf if math.isinf(a) or math.isinf(b) else a - b
+
+
 def default_pairs(arms) -> list[tuple[str, str]]:
     """Every arm against on-policy, and every replay arm against its control (when it ran)."""
     return ([(a, "on_policy") for a in arms if a != "on_policy"]
@@ -282,12 +318,14 @@ def default_pairs(arms) -> list[tuple[str, str]]:
 def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | None = None,
             pairs: list[tuple[str, str]] | None = None) -> dict:
     """The figures of one set of replicates (results[arm][i]: replicate i, which starts from model i in
-    every arm): the target (from on_policy), each arm's reach of it on its mean curve (tokens, seconds,
-    rounds, steps; inf: not reached), its time projected on each cost curve
+    every arm): the target (from on_policy), each arm's reach of it on its mean curve, held to the end
+    (tokens, seconds, rounds, steps; inf: not reached) and first touched ("first"; its eval index,
+    "evals_in_rise": the evals its rise spans), its time projected on each cost curve
         projected = rounds to target x gen(R) + steps to target x train(B),
-    its final accuracy and entropy; and for each pair (arm, reference) the ratios arm / reference of
-    tokens, measured seconds and projected seconds to the target, and the accuracy and entropy
-    differences: out["arms"][arm]["vs"][reference]."""
+    its instability (the mean over replicates that reached of fall_after_reach; inf: none reached),
+    final accuracy and entropy; and for each pair (arm, reference) the ratios arm / reference of
+    tokens and measured seconds to hold and to first reach the target, of projected seconds, and the
+    accuracy, instability and entropy differences: out["arms"][arm]["vs"][reference]."""
     units = units or {}
     target = target_accuracy(results["on_policy"], frac)
     arms = {}
@@ -295,13 +333,21 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
         curve = mean_curve(runs)
         point = reach_point(curve, target) or dict.fromkeys(X_KEYS, math.inf)
         point["projected"] = {c: point["rounds"] * u[name][0] + point["steps"] * u[name][1] for c, u in units.items()}
-        arms[name] = {**point, "final_accuracy": final_accuracy(curve["accuracy"]),
+        rise = first_reach_index(curve["accuracy"], target)
+        falls = [f for f in (fall_after_reach(r["accuracy"], target) for r in runs) if f is not None]
+        arms[name] = {**point, "first": reach_point(curve, target, first_reach_index) or dict.fromkeys(X_KEYS, math.inf),
+                      "evals_in_rise": math.inf if rise is None else rise,
+                      "instability": statistics.fmean(falls) if falls else math.inf,
+                      "final_accuracy": final_accuracy(curve["accuracy"]),
                       "entropy": statistics.fmean(r["entropy"] for r in runs), "vs": {}}
     for name, ref in default_pairs(results) if pairs is None else pairs:
         a, o = arms[name], arms[ref]
         a["vs"][ref] = {"token_ratio": ratio(a["tokens"], o["tokens"]), "time_ratio": ratio(a["seconds"], o["seconds"]),
+                        "first_token_ratio": ratio(a["first"]["tokens"], o["first"]["tokens"]),
+                        "first_time_ratio": ratio(a["first"]["seconds"], o["first"]["seconds"]),
                         "projected_ratio": {c: ratio(a["projected"][c], o["projected"][c]) for c in units},
                         "accuracy_diff": a["final_accuracy"] - o["final_accuracy"],
+                        "instability_diff": difference(a["instability"], o["instability"]),
                         "entropy_diff": a["entropy"] - o["entropy"]}
     return {"target": target, "arms": arms}
 
@@ -333,13 +379,26 @@ def bootstrap(results: dict[str, list[dict]], n: int, seed: int = 0, frac: float
     return out
 
 
-def choose_lr(scores: dict[float, list[float]]) -> tuple[float, dict[float, float], bool]:
-    """The learning rate with the best mean score over the sweep's replicates (ties: the smaller lr),
-    the mean of each candidate, and whether the choice lies on the edge of the grid (then the grid
-    should be widened: the best may lie outside it)."""
-    means = {lr: statistics.fmean(v) for lr, v in sorted(scores.items())}
-    best = max(means, key=lambda lr: (means[lr], -lr))
-    return best, means, len(means) > 1 and best in (min(means), max(means))
+def sweep_target(on_policy: dict[float, list[dict]], frac: float = 1.0) -> float:
+    """The target every arm's lr is chosen by: the highest on-policy target over the sweep's lrs
+    (on_policy: {lr: its sweep runs}), the best that on-policy learning showed it can hold."""
+    return max(target_accuracy(runs, frac) for runs in on_policy.values())
+
+
+def choose_lr(runs_by_lr: dict[float, list[dict]], target: float) -> dict:
+    """One arm's lr, by what the tables report: the fewest tokens to hold the target on the mean curve
+    of its sweep replicates (runs_by_lr: {lr: runs}; not reached: the worst), ties (not reached by
+    several, say) broken by the larger area under the curve (sweep_score), then the smaller lr.
+    Also the lr the area alone would choose, and whether the choice lies on the edge of the grid
+    (then widen it: the best may lie outside)."""
+    hold = {lr: (reach_point(mean_curve(runs), target) or {"tokens": math.inf})["tokens"]
+            for lr, runs in sorted(runs_by_lr.items())}
+    area = {lr: statistics.fmean(sweep_score(r) for r in runs) for lr, runs in sorted(runs_by_lr.items())}
+    chosen = min(hold, key=lambda lr: (hold[lr], -area[lr], lr))
+    by_area = max(area, key=lambda lr: (area[lr], -lr))
+    return {"chosen": chosen, "tokens_to_hold": {lr: finite(t) for lr, t in hold.items()}, "mean_score": area,
+            "area_choice": by_area, "rules_agree": chosen == by_area,
+            "on_grid_edge": len(hold) > 1 and chosen in (min(hold), max(hold))}
 
 
 def sweep_score(run: dict) -> float:
@@ -348,13 +407,53 @@ def sweep_score(run: dict) -> float:
     return statistics.fmean(run["accuracy"])
 
 
-def verdict(ratio_interval: list[float], diff_interval: list[float]) -> str:
-    """Plain words for the token ratio and the accuracy difference against on-policy."""
-    lo, hi = ratio_interval
-    tokens = ("fewer tokens" if hi < 1 else "more tokens" if lo > 1 else "tokens within noise")
+RISE_EVALS = 5          # the evals a rise must span for its token figures to resolve it
+
+
+def verdict(ratio_interval: list, diff_interval: list, first_interval: list | None = None,
+            rise_evals: float | None = None) -> str:
+    """Plain words for the intervals against a reference: tokens to hold the target (None or inf: not
+    reached), the final accuracy difference, and (with first_interval) tokens to first reach it,
+    which says whether a difference comes from the rise or from holding; rise_evals: the evals the
+    fastest arm's rise spans (fewer than RISE_EVALS: the token figures cannot resolve it)."""
+    def words(interval, more="more tokens", fewer="fewer tokens", same="tokens within noise"):
+        lo, hi = (math.inf if x is None else x for x in interval)
+        return fewer if hi < 1 else more if lo > 1 else same
+    tokens = words(ratio_interval)
     lo, hi = diff_interval
     acc = ("higher final accuracy" if lo > 0 else "lower final accuracy" if hi < 0 else "final accuracy within noise")
-    return f"{tokens}; {acc}"
+    if first_interval is None:              # a summary older than the first-reach figures
+        return f"{tokens}; {acc}"
+    first = words(first_interval)
+    noise = "tokens within noise"
+    source = ("" if tokens == first == noise else
+              ": the difference comes from the rise" if tokens == first else
+              ": the difference comes from holding the target, not the rise" if first == noise else
+              ": a difference in the rise that holding evens out" if tokens == noise else
+              ": it rises sooner but falls back: the difference comes from holding" if first == "fewer tokens" else
+              ": it rises later but holds sooner")
+    line = f"to hold the target {tokens}, to first reach it {first}{source}; {acc}"
+    if rise_evals is not None and (rise_evals is math.inf or rise_evals < RISE_EVALS):
+        line += (f" (the fastest rise spans {fmt(finite(rise_evals), 'd')} eval(s), fewer than {RISE_EVALS}: "
+                 "too coarse to tell; more evals or a smaller budget)")
+    return line
+
+
+def entry_verdict(entry: dict, rise_evals=None) -> str:
+    """The verdict line of a summary's arm entry, from its own stored intervals (None: not reached)."""
+    first = entry.get("first_reach_token_ratio_ci")
+    return verdict(entry["token_ratio_ci"], entry["accuracy_diff_ci"], first, rise_evals if first else None)
+
+
+def verdicts_that_disagree(s: dict) -> list[str]:
+    """The verdict lines of a summary (against on-policy and against a control) that its own
+    intervals do not give: [] when every line says what its figures say."""
+    rise = (s.get("rise") or {}).get("fastest_evals")
+    pairs = [(f"{a} / on_policy", e) for a, e in s["arms"].items() if "verdict" in e]
+    pairs += [(f"{a} / {e['vs_control']['arm']}", e["vs_control"]) for a, e in s["arms"].items()
+              if "verdict" in e.get("vs_control", {})]
+    return [f"{name}: says {e['verdict']!r}, its figures give {entry_verdict(e, rise)!r}"
+            for name, e in pairs if e["verdict"] != entry_verdict(e, rise)]
 
 
 # ---- running the arms ----------------------------------------------------------------------
@@ -455,7 +554,8 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--lr", type=float, default=1e-3, help="one learning rate for every arm (unless --sweep-lr)")
     p.add_argument("--sweep-lr", type=float, nargs="+", default=None, metavar="LR",
                    help="learning rates to try per arm, on --sweep-seeds replicates of their own (not reported); "
-                        "each arm then runs at the one with the best mean accuracy over the evals")
+                        "each arm then runs at the one with the fewest tokens to hold the target (ties: the "
+                        "best mean accuracy over the evals)")
     p.add_argument("--sweep-seeds", type=int, help="with --sweep-lr: replicates per learning rate (default 2; "
                                                    "seeds 1000, 1001, ...: disjoint from the reported ones)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
@@ -623,13 +723,23 @@ def compare(args) -> dict:
             # replicates 1000, 1001, ...: the sweep selects on runs that are not reported (no selection bias)
             jobs = {(arm, lr, s): pool.submit(run, arm, s, lr, f"-lr{lr:g}")
                     for arm in args.arms for lr in args.sweep_lr for s in sweep_seeds}
-            for arm in args.arms:
-                scores = {lr: [sweep_score(jobs[arm, lr, s].result()) for s in sweep_seeds] for lr in args.sweep_lr}
-                lrs[arm], means, edge = choose_lr(scores)
-                sweep[arm] = {"chosen": lrs[arm], "mean_score": means, "on_grid_edge": edge}
-                print(f"{arm}: lr sweep (mean accuracy over the evals, {len(sweep_seeds)} replicates) "
-                      f"{ {f'{k:g}': round(v, 3) for k, v in means.items()} } -> {lrs[arm]:g}"
-                      + (" (ON THE EDGE of the grid: widen it)" if edge else ""), flush=True)
+            swept = {arm: {lr: [jobs[arm, lr, s].result() for s in sweep_seeds] for lr in args.sweep_lr}
+                     for arm in args.arms}
+            sweep_at = sweep_target(swept["on_policy"], args.target_frac)
+            for arm in ["on_policy"] + [a for a in args.arms if a != "on_policy"]:
+                sweep[arm] = choose_lr(swept[arm], sweep_at)
+                lrs[arm] = sweep[arm]["chosen"]
+                if not sweep[arm]["rules_agree"] and arm != "on_policy":     # would the area's choice change it?
+                    on = swept["on_policy"][lrs["on_policy"]]
+                    sweep[arm]["sweep_token_ratio"] = {
+                        f"{lr:g}": finite(figures({"on_policy": on, arm: swept[arm][lr]}, args.target_frac, pairs=[
+                            (arm, "on_policy")])["arms"][arm]["vs"]["on_policy"]["token_ratio"])
+                        for lr in (sweep[arm]["chosen"], sweep[arm]["area_choice"])}
+                print(f"{arm}: lr sweep ({len(sweep_seeds)} replicates) tokens to hold {sweep_at:.3f} "
+                      f"{ {f'{k:g}': v and round(v) for k, v in sweep[arm]['tokens_to_hold'].items()} } -> {lrs[arm]:g}"
+                      + ("" if sweep[arm]["rules_agree"] else
+                         f" (the area under the curve would choose {sweep[arm]['area_choice']:g})")
+                      + (" (ON THE EDGE of the grid: widen it)" if sweep[arm]["on_grid_edge"] else ""), flush=True)
         jobs = {(arm, seed): pool.submit(run, arm, seed, lrs[arm]) for seed in range(args.seeds) for arm in args.arms}
         results = {arm: [] for arm in args.arms}
         for (arm, seed), job in jobs.items():
@@ -639,8 +749,14 @@ def compare(args) -> dict:
     summary = summarize(results, args, grid, lrs, cost)
     held_out = ("warm-start seed and RL seed: models of their own" if args.model == "tiny" else
                 f"the RL seed only: every replicate starts from {args.model}")
-    summary["lr_sweep"] = sweep and {"seeds": sweep_seeds, "held_out": held_out,
-                                     "score": "mean accuracy over the evals", "arms": sweep}
+    summary["lr_sweep"] = sweep and {
+        "seeds": sweep_seeds, "held_out": held_out, "target": sweep_at,
+        "rule": "fewest tokens to hold the target (the highest on-policy target over the lrs) on the mean curve "
+                "of the sweep replicates; not reached: worst; ties: the larger mean accuracy over the evals (the "
+                "area), then the smaller lr",
+        "area_rule": "the largest mean accuracy over the evals; where it differs, sweep_token_ratio gives the "
+                     "token ratio to on_policy on the sweep replicates (points) at both choices",
+        "arms": sweep}
     with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print_table(summary)
@@ -659,7 +775,12 @@ def pair_entry(point: dict, ci: dict) -> dict:
             "time_ratio": finite(point["time_ratio"]), "time_ratio_ci": finite(ci["time_ratio"]),
             "projected_time_ratio": {c: {"ratio": finite(v), "ci": finite(ci["projected_ratio"][c])}
                                      for c, v in point["projected_ratio"].items()},
+            "first_reach_token_ratio": finite(point["first_token_ratio"]),
+            "first_reach_token_ratio_ci": finite(ci["first_token_ratio"]),
+            "first_reach_time_ratio": finite(point["first_time_ratio"]),
+            "first_reach_time_ratio_ci": finite(ci["first_time_ratio"]),
             "accuracy_diff": point["accuracy_diff"], "accuracy_diff_ci": ci["accuracy_diff"],
+            "instability_diff": finite(point["instability_diff"]), "instability_diff_ci": finite(ci["instability_diff"]),
             "entropy_diff": point["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"]}
 
 
@@ -686,12 +807,22 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target; "
                              "the crossing interpolated linearly between the eval before and that one (tokens, "
                              "seconds, rounds and steps alike)",
+               "first_reach_rule": "the first eval whose median with its two neighbours is >= target, held or not; "
+                                   "interpolated alike",
+               "instability_rule": "per replicate that first reaches the target: target - its lowest eval from "
+                                   "there on (0 if none is below); the arm's figure: the mean over those replicates",
                "replicates": replicates,
                "intervals": f"90% bootstrap over replicates: each draw takes replicate i of every arm together (one "
                             f"starting model), recomputes the target, and takes every ratio within the draw "
                             f"({args.bootstrap} resamples)",
                "cost": cost and {k: cost[k] for k in ("file", "about", "interpolation")} | {"curves": list(units)},
                "args": vars(args), "arms": {}}
+    # how finely the evals resolve the rise: the evals from the start to each arm's first reach
+    evals = {a: finite(f["evals_in_rise"]) for a, f in fig["arms"].items()}
+    fastest = min((a for a in evals if evals[a] is not None), key=lambda a: fig["arms"][a]["first"]["tokens"])
+    rise = {"evals_in_rise": evals, "fastest_arm": fastest, "fastest_evals": evals[fastest],
+            "needed": RISE_EVALS, "resolved": evals[fastest] >= RISE_EVALS}
+    summary["rise"] = rise
     for name, runs in results.items():
         f, c = fig["arms"][name], ci["arms"][name]
         R, B = sizes[name]
@@ -702,6 +833,10 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
             "final_accuracy_range": [min(final_accuracy(a) for a in accs), max(final_accuracy(a) for a in accs)],
             **{f"{k}_to_target": finite(f[k]) for k in X_KEYS}, **{f"{k}_to_target_ci": finite(c[k]) for k in X_KEYS},
             "generated_to_target": finite(f["rounds"] * R), "trained_to_target": finite(f["steps"] * B),
+            **{f"{k}_to_first_reach": finite(f["first"][k]) for k in ("tokens", "seconds")},
+            **{f"{k}_to_first_reach_ci": finite(c["first"][k]) for k in ("tokens", "seconds")},
+            "evals_in_rise": finite(f["evals_in_rise"]),
+            "instability": finite(f["instability"]), "instability_ci": finite(c["instability"]),
             "projected_seconds_to_target": {u: {"seconds": finite(v), "ci": finite(c["projected"][u])}
                                             for u, v in f["projected"].items()},
             "not_reached_frac": c["not_reached_frac"],
@@ -711,6 +846,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                 "truncated_frac_max": max(r["truncated_frac_max"] for r in runs),
                 "age_mean": statistics.fmean(r["age_mean"] for r in runs),
                 "age_max": max(r["age_max"] for r in runs)} if all("age_mean" in r for r in runs) else {}),
+            **({"is_ratio_mean": statistics.fmean(r["is_ratio_mean"] for r in runs),
+                "is_ratio_max": max(r["is_ratio_max"] for r in runs)} if all("is_ratio_mean" in r for r in runs) else {}),
             "gen_seconds": statistics.fmean(r["gen_seconds"] for r in runs),
             "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
             "flags": " ".join(arm_flags(name, args.batch_size, args.replay_ratio, args.num_generations,
@@ -724,9 +861,9 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
         }
         for ref, point in f["vs"].items():
             pair = pair_entry(point, c["vs"][ref])
+            pair["verdict"] = entry_verdict(pair, rise["fastest_evals"])
             if ref == "on_policy":
-                vs = c["vs"][ref]           # inf (not reached) kept: finite() made it None in pair
-                entry.update(pair, verdict=verdict(vs["token_ratio"], vs["accuracy_diff"]))
+                entry.update(pair)
             else:
                 entry["vs_control"] = {"arm": ref, **pair}
         summary["arms"][name] = entry
@@ -778,10 +915,17 @@ def print_table(s: dict) -> None:
         print(about_cost(s["cost"], s.get("task"), s.get("model")))
     for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
         means = ", ".join(f"{float(lr):g}: {v:.3f}" for lr, v in sw["mean_score"].items())   # a key of JSON: a string
-        print(f"lr sweep {arm}: {means} -> {sw['chosen']:g}" + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
+        hold = ", ".join(f"{float(lr):g}: {fmt(t, ',.0f')}" for lr, t in sw.get("tokens_to_hold", {}).items())
+        print(f"lr sweep {arm}: " + (f"tokens to hold {hold}; " if hold else "") + f"mean accuracy {means} -> "
+              f"{sw['chosen']:g}" + ("" if sw.get("rules_agree", True) else
+                                     f" (by the area alone: {sw['area_choice']:g}; token ratio to on_policy on the "
+                                     f"sweep replicates {sw.get('sweep_token_ratio')})")
+              + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
     curves = list((s.get("cost") or {}).get("curves", []))
-    print(f"{'arm':<16}{'R':>5}{'B':>5}{'final acc':>10}{'range':>11}{'tokens->target [90%]':>26}"
-          f"{'measured s->target [90%]':>28}" + "".join(f"{'projected s (' + u + ')':>30}" for u in curves)
+    first = "tokens_to_first_reach" in next(iter(s["arms"].values()))     # summaries before 2026-12-01: none
+    print(f"{'arm':<16}{'R':>5}{'B':>5}{'final acc':>10}{'range':>11}{'tokens->hold [90%]':>26}"
+          f"{'measured s->hold [90%]':>28}" + "".join(f"{'projected s (' + u + ')':>30}" for u in curves)
+          + (f"{'tokens->first reach':>26}{'evals':>6}{'fall after reach':>22}" if first else "")
           + f"{'entropy':>9}{'gen s':>8}{'train s':>9}")
     for name, a in s["arms"].items():
         lo, hi = a["final_accuracy_range"]
@@ -789,7 +933,15 @@ def print_table(s: dict) -> None:
               f"{fmt_ci(a['tokens_to_target'], a['tokens_to_target_ci'], ',.0f'):>26}"
               f"{fmt_ci(a['seconds_to_target'], a['seconds_to_target_ci'], '.1f'):>28}"
               + "".join(f"{fmt_ci(p['seconds'], p['ci'], '.1f'):>30}" for p in a["projected_seconds_to_target"].values())
+              + (f"{fmt_ci(a['tokens_to_first_reach'], a['tokens_to_first_reach_ci'], ',.0f'):>26}"
+                 f"{fmt(a['evals_in_rise'], 'd'):>6}{fmt_ci(a['instability'], a['instability_ci'], '.3f'):>22}"
+                 if first else "")
               + f"{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
+    if s.get("rise"):
+        r = s["rise"]
+        print(f"the rise (start to first reach) of the fastest arm, {r['fastest_arm']}, spans {r['fastest_evals']} "
+              f"eval(s); {'enough' if r['resolved'] else 'fewer than'} {r['needed']} to resolve it"
+              + ("" if r["resolved"] else ": its token figures are coarse (more evals, or a smaller budget)"))
 
     def ratios(p: dict) -> str:
         lo, hi = p["time_ratio_ci"]
@@ -798,8 +950,11 @@ def print_table(s: dict) -> None:
             else " (outside the measured ratio's interval: expected if the curve is of another machine)")
         proj = "".join(f"; projected time ({u}) x{fmt_ci(v['ratio'], v['ci'])}{inside(v['ratio'])}"
                        for u, v in p["projected_time_ratio"].items())
-        return (f"tokens to target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
-                f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{proj}; final accuracy "
+        first = (f"; to first reach x{fmt_ci(p['first_reach_token_ratio'], p['first_reach_token_ratio_ci'])} tokens; "
+                 f"fall after reach {fmt_ci(p['instability_diff'], p['instability_diff_ci'], '+.3f')}"
+                 if "first_reach_token_ratio" in p else "")
+        return (f"tokens to hold the target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
+                f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{proj}{first}; final accuracy "
                 f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}; entropy "
                 f"{fmt_ci(p['entropy_diff'], p['entropy_diff_ci'], '+.3f')}")
     print("\nagainst on_policy, point [90% interval over replicates]; measured time: seconds in the runs' logs; "
@@ -812,7 +967,7 @@ def print_table(s: dict) -> None:
         print("\nreplay against its own control (R = B = N = B/y: as many updates per generated token, no reuse), "
               "paired draws (replicate i of both in each draw, the ratio taken within it)")
     for name, p in paired.items():
-        print(f"{name} / {p['arm']}: {ratios(p)}")
+        print(f"{name} / {p['arm']}: {ratios(p)}" + (f" -> {p['verdict']}" if "verdict" in p else ""))
     print(f"best replay arm (tokens): {s['best_replay_arm']}")
 
 

@@ -25,17 +25,19 @@ from rollout import generate_rollouts, greedy_accuracy
 PROMPTS, G = 16, 8          # prompts per round x completions per prompt: R = 128 new rollouts
 N, B = 256, 256             # buffer size, rollouts per optimizer step: each used B/R = 2 times
 LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
+TEMPERATURE = 1.0           # of sampling, and of the loss's log pi_theta: mu and pi_theta must share it
 ROUNDS, EVAL_EVERY = 100, 25
 
 
 def update(model, optimizer, batch, pad_id: int, max_grad_norm: float = 1.0) -> dict:
     """One truncated-IS policy-gradient step on a batch of rollouts; the loss and metrics."""
     cols = collate(batch, pad_id)                   # padded: tokens, masks, logp, advantages
-    logp, _ = completion_logp(model, cols)          # log pi_theta(o_t), [batch, completion_len]
+    logp, _ = completion_logp(model, cols, TEMPERATURE)     # log pi_theta(o_t), [batch, completion_len]
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=IS_CAP)
     optimizer.zero_grad()
     loss.backward()
+    # a guard against a rare huge step (one batch of unlucky ratios), not part of the method
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                    max_grad_norm)
     optimizer.step()
@@ -46,35 +48,39 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
          log=print) -> list[float]:
     """Train the demo model; returns the held-out greedy accuracy at round 0, every eval_every
     rounds and at the end."""
+    if B > N:
+        raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would train")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
     base = demo.tiny_model(task)        # built on first use (it draws random numbers), then cached
     torch.manual_seed(seed)             # after it: a cold cache and a warm one train alike
     model, tokenizer = load_policy(base, lora_r=16)                     # the base model + a new LoRA
+    # beta2 0.99 (not 0.999): the second moment follows the gradient's scale within ~100 steps, as
+    # the policy and its rewards move; no weight decay: it would pull the adapter back to the base
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(N, seed=seed)
     step, accuracy = 0, []
-    for round in range(rounds + 1):
-        if round % eval_every == 0 or round == rounds:
+    for i in range(rounds + 1):                     # round i
+        if i % eval_every == 0 or i == rounds:
             model.eval()
             accuracy.append(greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts],
                                             task.reward, max_new_tokens=task.max_new_tokens))
-            log(f"round {round}: held-out accuracy {accuracy[-1]:.3f}")
-        if round == rounds:
+            log(f"round {i}: held-out accuracy {accuracy[-1]:.3f}")
+        if i == rounds:
             return accuracy
         model.eval()        # generate: the behaviour log-probs are recorded while sampling
         prompts = rng.sample(task.train_prompts, PROMPTS)
         rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward,
                                             num_generations=G, max_new_tokens=task.max_new_tokens,
-                                            policy_version=step)
+                                            temperature=TEMPERATURE, policy_version=step)
         buffer.add(rollouts)                        # FIFO: the oldest rollouts leave first
         if len(buffer) >= B:
-            model.train()
+            model.train()   # safe for the ratios: load_policy set dropout to 0, so it samples as it trains
             metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id)
             step += 1
             if step % 10 == 0:
-                log(f"round {round + 1}: reward {stats['reward']:.2f}, is_ratio_mean "
+                log(f"round {i + 1}: reward {stats['reward']:.2f}, is_ratio_mean "
                     f"{metrics['is_ratio_mean']:.4f}, truncated {metrics['is_truncated_frac']:.3f}")
 
 

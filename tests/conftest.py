@@ -88,7 +88,8 @@ def fake_train(argv, out):
     """train.py's files for a constructed run of the flags in argv: one token a rollout, an eval whenever
     the tokens cross a multiple of --eval-every-tokens and at the end, accuracy 0.1 + tokens / budget
     (capped at 0.9), 0.1 s of generation and 0.05 s of training a round; 1% of the weights truncated
-    every other step, ages of replay y = B/R (0 to y-1, mean (y-1)/2)."""
+    and the largest ratio 1.6 every other step (else 1.5), mean ratios 1, 1.001, 1.002 in turn, ages
+    of replay y = B/R (0 to y-1, mean (y-1)/2)."""
     flag = lambda name: int(float(argv[argv.index(name) + 1]))
     P, G, B = flag("--prompts-per-round"), flag("--num-generations"), flag("--batch-size")
     budget, every = flag("--max-gen-tokens"), flag("--eval-every-tokens")
@@ -106,6 +107,7 @@ def fake_train(argv, out):
             break
         rnd, tokens = rnd + 1, tokens + P * G
         rows.append({**counters(), "rollout_entropy": 0.5, "is_truncated_frac": 0.01 * (rnd % 2),
+                     "is_ratio_mean": 1.0 + 0.001 * (rnd % 3), "is_ratio_max": 1.5 + 0.1 * (rnd % 2),
                      "age_mean": 0.5 * (B // (P * G) - 1), "age_max": B // (P * G) - 1})
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

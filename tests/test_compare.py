@@ -264,12 +264,46 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, monkeypatch, caps
     assert not (tmp_path / "curves.png").exists()
 
 
-def test_lr_choice_is_the_best_mean_over_replicates_and_flags_the_edge():
-    best, means, edge = compare.choose_lr({1e-3: [0.6, 0.8], 3e-3: [0.9, 0.3], 3e-4: [0.5, 0.5]})
-    assert best == 1e-3 and means == {3e-4: 0.5, 1e-3: pytest.approx(0.7), 3e-3: pytest.approx(0.6)} and not edge
-    assert compare.choose_lr({1e-3: [0.7], 3e-3: [0.7]})[0] == 1e-3            # a tie: the smaller lr
-    assert compare.choose_lr({1e-3: [0.6], 3e-3: [0.7], 3e-4: [0.1]})[2]        # best on the edge: widen the grid
+def test_lr_is_chosen_by_tokens_to_hold_the_target_ties_by_the_area_and_the_other_rule_is_kept():
+    steady = [0.1, 0.2, 0.3, 0.4, 0.55, 0.55, 0.55, 0.55, 0.55]     # holds 0.5 from 3.67 rounds; area 0.417
+    wobbly = [0.1, 0.7, 0.7, 0.7, 0.3, 0.3, 0.6, 0.6, 0.6]          # first at once, holds from 5.67; area 0.511
+    never = [0.1] * 9
+    sweep = compare.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)], 3e-4: [run_of(never)]}, 0.5)
+    assert sweep["chosen"] == 1e-3 and sweep["area_choice"] == 3e-3 and not sweep["rules_agree"]
+    assert sweep["tokens_to_hold"] == {3e-4: None, 1e-3: pytest.approx(3666.67, abs=0.01),
+                                       3e-3: pytest.approx(5666.67, abs=0.01)}
+    assert sweep["mean_score"][3e-3] == pytest.approx(4.6 / 9) and not sweep["on_grid_edge"]
+    # neither reaches: the larger area; all equal: the smaller lr; the best on the edge: widen the grid
+    low, lower = [0.1, 0.3, 0.3, 0.3, 0.3], [0.1, 0.2, 0.2, 0.2, 0.2]
+    assert compare.choose_lr({1e-3: [run_of(lower)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 3e-3
+    assert compare.choose_lr({1e-3: [run_of(low)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 1e-3
+    assert compare.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(never)]}, 0.5)["on_grid_edge"]
+    # the sweep's target: the highest on-policy target over the lrs
+    assert compare.sweep_target({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)]}) == 0.6
     assert compare.sweep_score({"accuracy": [0.2, 0.4, 0.9]}) == pytest.approx(0.5)
+
+
+def test_reach_hold_and_the_fall_after_reaching_by_hand():
+    on = run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])          # target 0.5, reached and held at eval 2
+    rep = run_of([0.1, 0.7, 0.7, 0.7, 0.2, 0.2, 0.6, 0.6])         # first at eval 1, falls to 0.2, holds from 6
+    assert compare.first_reach_index(rep["accuracy"], 0.5) == 1 and compare.reach_index(rep["accuracy"], 0.5) == 6
+    assert compare.fall_after_reach(rep["accuracy"], 0.5) == pytest.approx(0.3)
+    assert compare.fall_after_reach(on["accuracy"], 0.5) == 0.0 and compare.fall_after_reach([0.1] * 5, 0.5) is None
+    f = compare.figures({"on_policy": [on], "replay": [rep]})
+    a = f["arms"]["replay"]
+    assert f["target"] == 0.5 and a["evals_in_rise"] == 1 and f["arms"]["on_policy"]["evals_in_rise"] == 2
+    assert a["first"]["tokens"] == pytest.approx(1000 * 0.4 / 0.6)        # (0.5 - 0.1) / (0.7 - 0.1) of eval 0 -> 1
+    assert a["tokens"] == pytest.approx(5750)                               # (0.5 - 0.2) / (0.6 - 0.2) of eval 5 -> 6
+    vs = a["vs"]["on_policy"]
+    assert vs["token_ratio"] == pytest.approx(5750 / 2000) and vs["first_token_ratio"] == pytest.approx(1 / 3)
+    assert vs["instability_diff"] == pytest.approx(0.3)
+    assert compare.verdict([2.5, 3.2], [-0.02, 0.02], [0.2, 0.5], 1) == (
+        "to hold the target more tokens, to first reach it fewer tokens: it rises sooner but falls back: the "
+        "difference comes from holding; final accuracy within noise (the fastest rise spans 1 eval(s), fewer "
+        "than 5: too coarse to tell; more evals or a smaller budget)")
+    assert compare.verdict([2.5, None], [-0.2, -0.1], [0.9, 1.1], 6) == (
+        "to hold the target more tokens, to first reach it tokens within noise: the difference comes from "
+        "holding the target, not the rise; lower final accuracy")
 
 
 COMMON = ["--seeds", "3", "--evals", "4", "--bootstrap", "10", "--jobs", "1"]
@@ -357,7 +391,8 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
     """A round that generates more tokens than the eval interval (GSM8K on a real model: ~51k tokens
     a round against a 30k interval) leaves one eval for two grid points: refused, with what to change."""
     counters = lambda k: {"step": k, "round": k, "gen_tokens": 51_000 * k, "gen_seconds": k, "train_seconds": k}
-    step = {"rollout_entropy": 0.5, "is_truncated_frac": 0.0, "age_mean": 0.0, "age_max": 0}
+    step = {"rollout_entropy": 0.5, "is_truncated_frac": 0.0, "age_mean": 0.0, "age_max": 0, "is_ratio_mean": 1.0,
+            "is_ratio_max": 1.0}
     rows = [{**counters(0), "eval_accuracy": 0.1},
             {**counters(1), **step}, {**counters(1), "eval_accuracy": 0.2},
             {**counters(2), **step}, {**counters(2), "eval_accuracy": 0.3}]
@@ -391,6 +426,10 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     assert first["arms"]["on_policy"]["age_mean"] == 0 and first["arms"]["control"]["age_max"] == 0
     assert first["arms"]["replay"]["truncated_frac_max"] == 0.01
     assert 0.004 < first["arms"]["replay"]["truncated_frac"] < 0.006           # every other step
+    # and every update's importance ratios, so a sentence about staleness can be recomputed from the record
+    steps = len(record["per_step"]["is_ratio_max"])
+    assert steps == record["last"]["step"] and record["per_step"]["is_ratio_max"][:2] == [1.6, 1.5]
+    assert record["per_step"]["is_truncated_frac"][:2] == [0.01, 0.0] and first["arms"]["replay"]["is_ratio_max"] == 1.6
     calls.clear()
     again = compare.main(common + ["--output-dir", str(tmp_path / "b")])
     assert calls == [] and again["arms"] == first["arms"]
@@ -429,7 +468,7 @@ def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
     answer = compare.main(["--summary", str(path), "--cost", flat])
     out = capsys.readouterr().out
     assert "task addition, model tiny" in out and "plain generation): on_policy reaches the target first" in out
-    assert "lr sweep on_policy: 0.001: 0.900, 0.002: 0.800 -> 0.001 (on the edge of the grid)" in out
+    assert "lr sweep on_policy: mean accuracy 0.001: 0.900, 0.002: 0.800 -> 0.001 (on the edge of the grid)" in out
     # measured, every arm took 3 s; the flat curve projects replay at 2x on-policy: the check says they disagree
     assert "measured time x1.00 [1.00, 1.00]; projected time (plain) x2.00 [2.00, 2.00] (outside the measured ratio's interval" in out
     on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
@@ -455,3 +494,22 @@ def test_the_decision_reads_a_summary_and_a_cost_file(tmp_path, capsys):
     with pytest.raises(SystemExit):                      # outside the curve: one line, no answer
         compare.main(["--summary", str(path), "--cost", cost_file(tmp_path / "big.json", lambda R: 1.0,
                                                                   lambda B: 1.0, sizes=(256, 512))])
+
+
+def test_every_summary_says_in_its_verdict_what_its_figures_give(tmp_path):
+    """Each verdict line of every summary in docs/results/ (and of a fresh one) is what its own intervals
+    give; a line edited by hand, or figures changed under it, fails here."""
+    import glob
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    summaries = [p for p in glob.glob(os.path.join(root, "docs", "results", "**", "*.json"), recursive=True)
+                 if "records" not in p and "arms" in json.load(open(p))]
+    assert len(summaries) >= 7
+    for path in summaries:
+        assert compare.verdicts_that_disagree(json.load(open(path))) == [], path
+    s = json.load(open(max(summaries, key=os.path.getsize)))
+    name = next(a for a, e in s["arms"].items() if "verdict" in e)
+    higher = "higher final accuracy" in s["arms"][name]["verdict"]
+    s["arms"][name]["accuracy_diff_ci"] = [-0.02, -0.01] if higher else [0.01, 0.02]   # figures moved, not the line
+    wrong = compare.verdicts_that_disagree(s)
+    assert len(wrong) == 1 and ("lower" if higher else "higher") + " final accuracy" in wrong[0]

@@ -89,3 +89,24 @@ def test_minimal_learns(tiny_path):
     accuracy = minimal.main(rounds=15, eval_every=15, eval_prompts=200, log=lambda *a: None)
     print(f"minimal.py: {accuracy[0]:.3f} -> {accuracy[-1]:.3f}")
     assert accuracy[-1] - accuracy[0] >= 0.3, accuracy     # measured +0.605 to +0.64 (seeds 0-2, one thread)
+
+
+def test_a_batch_larger_than_the_buffer_is_refused_before_any_model(monkeypatch):
+    """With B > N the buffer never holds a batch: minimal.py would generate forever and never train."""
+    monkeypatch.setattr(minimal, "B", minimal.N + 1)
+    monkeypatch.setattr(minimal, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=f"B = {minimal.N + 1} > N = {minimal.N}: the buffer never holds a batch"):
+        minimal.main(rounds=1)
+
+
+def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_batch, monkeypatch):
+    """mu was recorded at TEMPERATURE: the update's log pi_theta must be taken at it too, or rho != 1
+    on fresh rollouts."""
+    model, tokenizer, rollouts = stale_batch
+    seen = []
+    real = minimal.completion_logp
+    monkeypatch.setattr(minimal, "completion_logp", lambda m, cols, *a: seen.append(a) or real(m, cols, *a))
+    monkeypatch.setattr(minimal, "TEMPERATURE", 0.7)
+    minimal.update(copy.deepcopy(model), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0), rollouts,
+                   tokenizer.pad_token_id)
+    assert seen == [(0.7,)]
