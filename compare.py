@@ -37,8 +37,8 @@ f = (target - s[i-1]) / (s[i] - s[i-1]), and tokens, seconds, rounds and steps t
 x[i-1] + f (x[i] - x[i-1]) each (not the eval grid's step). Each replicate's own reach point is kept
 in summary.json, with its run (the curves at the evals), so a summary can be read again (--summary).
 Reach and hold, both: every table gives the tokens (and seconds) to *hold* the target (the reach
-above) and to *first reach* it (the first eval whose smoothed accuracy is at or above it, placed
-alike), and the *fall after reach* of each arm (per replicate, the target minus its lowest eval from
+above) and to *first reach* it (per replicate, the first raw eval at or above it, placed alike; the
+mean over the replicates), and the *fall after reach* of each arm (per replicate, the target minus its lowest eval from
 its first reach on, 0 if none is below; the mean over the replicates that reached): a verdict says
 whether a difference in tokens comes from the rise or from holding. The evals a rise spans (from
 the start to the first reach) say how finely the grid resolves it: when the fastest arm's rise
@@ -203,23 +203,32 @@ def reach_index(accs: list[float], target: float) -> int | None:
 
 
 def first_reach_index(accs: list[float], target: float) -> int | None:
-    """Index of the first eval whose smoothed accuracy is >= target, held afterwards or not (the
-    evals reach_index considers); None if none is. From it on, a run that falls back is unstable."""
-    return next((i for i in range(1, len(accs) - 1) if smoothed(accs, i) >= target - 1e-9), None)
+    """Index of the first eval (after the start) at or above target, held afterwards or not: raw
+    evals, unlike reach_index, so one that touches the target and falls back counts here; None if
+    none does. From it on, a run that falls back is unstable (fall_after_reach)."""
+    return next((i for i in range(1, len(accs)) if accs[i] >= target - 1e-9), None)
 
 
-def reach_point(curve: dict, target: float, rule=reach_index) -> dict | None:
+def reach_point(curve: dict, target: float) -> dict | None:
     """Where a curve (accuracy and X_KEYS at each eval) crosses the target: between the eval before
     the reach (i - 1) and the reach i, linearly in the smoothed accuracy s: each x at
         x[i-1] + f * (x[i] - x[i-1]),   f = (target - s[i-1]) / (s[i] - s[i-1])
     (tokens, seconds, rounds and steps alike); f = 1 (the reach eval itself) when s[i-1] is not below
-    the target (a curve that starts above it). rule: reach_index (the target held to the end) or
-    first_reach_index (first touched). None: the curve does not reach."""
+    the target (a curve that starts above it). None: the curve does not reach."""
     accs = curve["accuracy"]
-    i = rule(accs, target)
-    if i is None:
-        return None
-    before, at = smoothed(accs, i - 1), smoothed(accs, i)
+    i = reach_index(accs, target)
+    return None if i is None else crossing(curve, i, smoothed(accs, i - 1), smoothed(accs, i), target)
+
+
+def first_reach_point(curve: dict, target: float) -> dict | None:
+    """Where a curve first touches the target (first_reach_index), placed as reach_point does, in
+    the raw accuracy of the eval before and that eval; None: it never does."""
+    accs = curve["accuracy"]
+    i = first_reach_index(accs, target)
+    return None if i is None else crossing(curve, i, accs[i - 1], accs[i], target)
+
+
+def crossing(curve: dict, i: int, before: float, at: float, target: float) -> dict:
     f = (target - before) / (at - before) if before < target < at else 1.0
     return {k: curve[k][i - 1] + f * (curve[k][i] - curve[k][i - 1]) for k in X_KEYS}
 
@@ -319,8 +328,9 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
             pairs: list[tuple[str, str]] | None = None) -> dict:
     """The figures of one set of replicates (results[arm][i]: replicate i, which starts from model i in
     every arm): the target (from on_policy), each arm's reach of it on its mean curve, held to the end
-    (tokens, seconds, rounds, steps; inf: not reached) and first touched ("first"; its eval index,
-    "evals_in_rise": the evals its rise spans), its time projected on each cost curve
+    (tokens, seconds, rounds, steps; inf: not reached), and first touched ("first": the mean over
+    the replicates of each one's first reach, inf if one never reaches; "evals_in_rise": the median
+    of their first reach's eval index, the evals the rise spans), its time projected on each cost curve
         projected = rounds to target x gen(R) + steps to target x train(B),
     its instability (the mean over replicates that reached of fall_after_reach; inf: none reached),
     final accuracy and entropy; and for each pair (arm, reference) the ratios arm / reference of
@@ -333,10 +343,13 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
         curve = mean_curve(runs)
         point = reach_point(curve, target) or dict.fromkeys(X_KEYS, math.inf)
         point["projected"] = {c: point["rounds"] * u[name][0] + point["steps"] * u[name][1] for c, u in units.items()}
-        rise = first_reach_index(curve["accuracy"], target)
+        # first reach, per replicate (on the mean curve one replicate's early reach is hidden by the others)
+        firsts = [first_reach_point(r, target) for r in runs]
+        rises = [first_reach_index(r["accuracy"], target) for r in runs]
         falls = [f for f in (fall_after_reach(r["accuracy"], target) for r in runs) if f is not None]
-        arms[name] = {**point, "first": reach_point(curve, target, first_reach_index) or dict.fromkeys(X_KEYS, math.inf),
-                      "evals_in_rise": math.inf if rise is None else rise,
+        arms[name] = {**point, "first": {k: statistics.fmean(p[k] for p in firsts) if all(firsts) else math.inf
+                                         for k in X_KEYS},
+                      "evals_in_rise": statistics.median(rises) if None not in rises else math.inf,
                       "instability": statistics.fmean(falls) if falls else math.inf,
                       "final_accuracy": final_accuracy(curve["accuracy"]),
                       "entropy": statistics.fmean(r["entropy"] for r in runs), "vs": {}}
@@ -426,7 +439,12 @@ def verdict(ratio_interval: list, diff_interval: list, first_interval: list | No
         return f"{tokens}; {acc}"
     first = words(first_interval)
     noise = "tokens within noise"
+    hold_lo, hold_hi = (math.inf if x is None else x for x in ratio_interval)
+    first_lo, first_hi = (math.inf if x is None else x for x in first_interval)
     source = ("" if tokens == first == noise else
+              ": slower to rise, and slower still to hold: most of the difference comes from falling back"
+              if tokens == first == "more tokens" and first_hi < hold_lo else
+              ": sooner to rise, and sooner still to hold" if tokens == first == "fewer tokens" and hold_hi < first_lo else
               ": the difference comes from the rise" if tokens == first else
               ": the difference comes from holding the target, not the rise" if first == noise else
               ": a difference in the rise that holding evens out" if tokens == noise else
@@ -434,7 +452,7 @@ def verdict(ratio_interval: list, diff_interval: list, first_interval: list | No
               ": it rises later but holds sooner")
     line = f"to hold the target {tokens}, to first reach it {first}{source}; {acc}"
     if rise_evals is not None and (rise_evals is math.inf or rise_evals < RISE_EVALS):
-        line += (f" (the fastest rise spans {fmt(finite(rise_evals), 'd')} eval(s), fewer than {RISE_EVALS}: "
+        line += (f" (the fastest rise spans {fmt(finite(rise_evals), 'g')} eval(s), fewer than {RISE_EVALS}: "
                  "too coarse to tell; more evals or a smaller budget)")
     return line
 
@@ -807,8 +825,10 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "reach_rule": "first eval from which the median of each eval and its two neighbours stays >= target; "
                              "the crossing interpolated linearly between the eval before and that one (tokens, "
                              "seconds, rounds and steps alike)",
-               "first_reach_rule": "the first eval whose median with its two neighbours is >= target, held or not; "
-                                   "interpolated alike",
+               "first_reach_rule": "per replicate, the first eval >= target (raw, not smoothed), held or not, "
+                                   "interpolated alike in the raw accuracy; the arm's figure: the mean over its "
+                                   "replicates (not reached if one never reaches); evals in the rise: the median of "
+                                   "their first reach's eval index",
                "instability_rule": "per replicate that first reaches the target: target - its lowest eval from "
                                    "there on (0 if none is below); the arm's figure: the mean over those replicates",
                "replicates": replicates,
@@ -934,7 +954,7 @@ def print_table(s: dict) -> None:
               f"{fmt_ci(a['seconds_to_target'], a['seconds_to_target_ci'], '.1f'):>28}"
               + "".join(f"{fmt_ci(p['seconds'], p['ci'], '.1f'):>30}" for p in a["projected_seconds_to_target"].values())
               + (f"{fmt_ci(a['tokens_to_first_reach'], a['tokens_to_first_reach_ci'], ',.0f'):>26}"
-                 f"{fmt(a['evals_in_rise'], 'd'):>6}{fmt_ci(a['instability'], a['instability_ci'], '.3f'):>22}"
+                 f"{fmt(a['evals_in_rise'], 'g'):>6}{fmt_ci(a['instability'], a['instability_ci'], '.3f'):>22}"
                  if first else "")
               + f"{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
     if s.get("rise"):

@@ -513,3 +513,13 @@ def test_every_summary_says_in_its_verdict_what_its_figures_give(tmp_path):
     s["arms"][name]["accuracy_diff_ci"] = [-0.02, -0.01] if higher else [0.01, 0.02]   # figures moved, not the line
     wrong = compare.verdicts_that_disagree(s)
     assert len(wrong) == 1 and ("lower" if higher else "higher") + " final accuracy" in wrong[0]
+
+
+def test_a_verdict_tells_a_slow_rise_from_a_fall_back():
+    # replay_y4 / control_y4 on the written-work task: 1.57x to first reach, 3.23x to hold
+    assert compare.verdict([2.98, 8.75], [-0.073, -0.024], [1.05, 2.29], 6).startswith(
+        "to hold the target more tokens, to first reach it more tokens: slower to rise, and slower still to hold: "
+        "most of the difference comes from falling back; lower final accuracy")
+    assert compare.verdict([1.2, 2.0], [-0.01, 0.01], [1.1, 1.5], 6) == (       # overlapping: the rise
+        "to hold the target more tokens, to first reach it more tokens: the difference comes from the rise; "
+        "final accuracy within noise")
