@@ -839,9 +839,10 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "args": vars(args), "arms": {}}
     # how finely the evals resolve the rise: the evals from the start to each arm's first reach
     evals = {a: finite(f["evals_in_rise"]) for a, f in fig["arms"].items()}
-    fastest = min((a for a in evals if evals[a] is not None), key=lambda a: fig["arms"][a]["first"]["tokens"])
-    rise = {"evals_in_rise": evals, "fastest_arm": fastest, "fastest_evals": evals[fastest],
-            "needed": RISE_EVALS, "resolved": evals[fastest] >= RISE_EVALS}
+    fastest = min((a for a in evals if evals[a] is not None), key=lambda a: fig["arms"][a]["first"]["tokens"],
+                  default=None)         # None: in every arm some replicate never touched the target
+    rise = {"evals_in_rise": evals, "fastest_arm": fastest, "fastest_evals": fastest and evals[fastest],
+            "needed": RISE_EVALS, "resolved": fastest is not None and evals[fastest] >= RISE_EVALS}
     summary["rise"] = rise
     for name, runs in results.items():
         f, c = fig["arms"][name], ci["arms"][name]
@@ -957,7 +958,9 @@ def print_table(s: dict) -> None:
                  f"{fmt(a['evals_in_rise'], 'g'):>6}{fmt_ci(a['instability'], a['instability_ci'], '.3f'):>22}"
                  if first else "")
               + f"{a['entropy']:>9.3f}{a['gen_seconds']:>8.1f}{a['train_seconds']:>9.1f}")
-    if s.get("rise"):
+    if s.get("rise") and s["rise"]["fastest_arm"] is None:
+        print("the rise: in every arm some replicate never touched the target")
+    elif s.get("rise"):
         r = s["rise"]
         print(f"the rise (start to first reach) of the fastest arm, {r['fastest_arm']}, spans {r['fastest_evals']} "
               f"eval(s); {'enough' if r['resolved'] else 'fewer than'} {r['needed']} to resolve it"

@@ -523,3 +523,15 @@ def test_a_verdict_tells_a_slow_rise_from_a_fall_back():
     assert compare.verdict([1.2, 2.0], [-0.01, 0.01], [1.1, 1.5], 6) == (       # overlapping: the rise
         "to hold the target more tokens, to first reach it more tokens: the difference comes from the rise; "
         "final accuracy within noise")
+
+
+def test_a_summary_where_no_replicate_set_touches_the_target_says_so():
+    """Replicates that never touch the mean curve's target in any arm: no fastest rise, no crash."""
+    high, low = [0.1] + [0.5] * 6, [0.1] + [0.3] * 6          # the mean: 0.4, which the low replicate never touches
+    results = {"on_policy": [run_of(high), run_of(low)], "replay": [run_of(low, R=50), run_of(high, R=50)]}
+    args = argparse.Namespace(target_frac=1.0, bootstrap=20, model="tiny", one_model=True, task="addition",
+                              train_args=[], budget_tokens=6000, jobs=1, batch_size=100, replay_ratio=2,
+                              num_generations=2, keep_correct_frac=0.3, sweep_lr=None)
+    s = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000, 6000], {"on_policy": 1e-3, "replay": 1e-3})
+    assert s["target_accuracy"] == pytest.approx(0.4) and s["rise"]["fastest_arm"] is None and not s["rise"]["resolved"]
+    assert s["arms"]["replay"]["tokens_to_first_reach"] is None and compare.verdicts_that_disagree(s) == []
