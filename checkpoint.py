@@ -180,6 +180,19 @@ def full_disk_as_one_line(run_dir: str, path, cleanup: str | None = None):
         raise DiskFull(run_dir, path() if callable(path) else path) from None
 
 
+def write_json(path: str, obj, indent: int | None = None) -> None:
+    """obj as JSON at path, whole or not at all: written to path.tmp, then renamed over path; a failed
+    write (a full disk, say) removes the .tmp and raises, leaving the previous file as it was."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=indent)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact;

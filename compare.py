@@ -428,19 +428,22 @@ def verdict(ratio_interval: list, diff_interval: list, first_interval: list | No
     """Plain words for the intervals against a reference: tokens to hold the target (None or inf: not
     reached), the final accuracy difference, and (with first_interval) tokens to first reach it,
     which says whether a difference comes from the rise or from holding; rise_evals: the evals the
-    fastest arm's rise spans (fewer than RISE_EVALS: the token figures cannot resolve it)."""
-    def words(interval, more="more tokens", fewer="fewer tokens", same="tokens within noise"):
-        lo, hi = (math.inf if x is None else x for x in interval)
-        return fewer if hi < 1 else more if lo > 1 else same
-    tokens = words(ratio_interval)
+    fastest arm's rise spans (fewer than RISE_EVALS: the token figures cannot resolve it; None: no
+    arm's rise, nothing to say)."""
+    def inf_for_none(interval):             # None in a stored interval: not reached
+        return [math.inf if x is None else x for x in interval]
+
+    def words(lo, hi):
+        return "fewer tokens" if hi < 1 else "more tokens" if lo > 1 else "tokens within noise"
+    hold_lo, hold_hi = inf_for_none(ratio_interval)
+    tokens = words(hold_lo, hold_hi)
     lo, hi = diff_interval
     acc = ("higher final accuracy" if lo > 0 else "lower final accuracy" if hi < 0 else "final accuracy within noise")
     if first_interval is None:              # a summary older than the first-reach figures
         return f"{tokens}; {acc}"
-    first = words(first_interval)
+    first_lo, first_hi = inf_for_none(first_interval)
+    first = words(first_lo, first_hi)
     noise = "tokens within noise"
-    hold_lo, hold_hi = (math.inf if x is None else x for x in ratio_interval)
-    first_lo, first_hi = (math.inf if x is None else x for x in first_interval)
     source = ("" if tokens == first == noise else
               ": slower to rise, and slower still to hold: most of the difference comes from falling back"
               if tokens == first == "more tokens" and first_hi < hold_lo else
@@ -451,8 +454,8 @@ def verdict(ratio_interval: list, diff_interval: list, first_interval: list | No
               ": it rises sooner but falls back: the difference comes from holding" if first == "fewer tokens" else
               ": it rises later but holds sooner")
     line = f"to hold the target {tokens}, to first reach it {first}{source}; {acc}"
-    if rise_evals is not None and (rise_evals is math.inf or rise_evals < RISE_EVALS):
-        line += (f" (the fastest rise spans {fmt(finite(rise_evals), 'g')} eval(s), fewer than {RISE_EVALS}: "
+    if rise_evals is not None and rise_evals < RISE_EVALS:
+        line += (f" (the fastest rise spans {rise_evals:g} eval(s), fewer than {RISE_EVALS}: "
                  "too coarse to tell; more evals or a smaller budget)")
     return line
 
@@ -519,9 +522,7 @@ def load_record(path: str, argv: list[str], model: str) -> dict | None:
 def save_record(path: str, record: dict) -> None:
     """Written whole or not at all (a temporary file, then renamed)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+    checkpoint.write_json(path, record, indent=1)
 
 
 def run_train(argv: list[str], out: str, env: dict | None = None) -> None:
@@ -775,8 +776,7 @@ def compare(args) -> dict:
         "area_rule": "the largest mean accuracy over the evals; where it differs, sweep_token_ratio gives the "
                      "token ratio to on_policy on the sweep replicates (points) at both choices",
         "arms": sweep}
-    with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    checkpoint.write_json(os.path.join(args.output_dir, "summary.json"), summary, indent=2)
     print_table(summary)
     plot(summary, os.path.join(args.output_dir, "curves.png"))
     return summary
@@ -841,7 +841,7 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     evals = {a: finite(f["evals_in_rise"]) for a, f in fig["arms"].items()}
     fastest = min((a for a in evals if evals[a] is not None), key=lambda a: fig["arms"][a]["first"]["tokens"],
                   default=None)         # None: in every arm some replicate never touched the target
-    rise = {"evals_in_rise": evals, "fastest_arm": fastest, "fastest_evals": fastest and evals[fastest],
+    rise = {"evals_in_rise": evals, "fastest_arm": fastest, "fastest_evals": evals[fastest] if fastest else None,
             "needed": RISE_EVALS, "resolved": fastest is not None and evals[fastest] >= RISE_EVALS}
     summary["rise"] = rise
     for name, runs in results.items():

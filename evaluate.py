@@ -238,16 +238,12 @@ def main(argv=None) -> dict:
 
 
 def write(path: str, result: dict) -> None:
-    """eval.json written whole or not at all (a .tmp file, then renamed); a full disk is one line."""
+    """eval.json written whole or not at all; a full disk is one line."""
     try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(path + ".tmp", path)
+        checkpoint.write_json(path, result, indent=2)
     except OSError as e:
         if not checkpoint.no_space(e):
             raise
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
         sys.exit(f"error: the disk is full: {path} could not be written; the figures above are "
                  "all it held: free space and run evaluate.py again")
 

@@ -154,9 +154,7 @@ class WandbRun:
         if self.line >= self.held:
             self.run.log(row, step=self.line)
             self.held = self.line + 1
-            with open(self.path + ".tmp", "w") as f:
-                json.dump({"id": self.run.id, "lines": self.held, "config": self.config}, f)
-            os.replace(self.path + ".tmp", self.path)
+            checkpoint.write_json(self.path, {"id": self.run.id, "lines": self.held, "config": self.config})
         self.line += 1
 
 
