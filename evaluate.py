@@ -30,6 +30,7 @@ import sys
 import checkpoint
 import cli
 import distributed
+import loading
 import report
 import rollout
 import train
@@ -195,9 +196,9 @@ def main(argv=None) -> dict:
     args = parse(argv)
     cfg = args.cfg
     report.quiet_libraries()
-    task = cli.load_task(cfg, training=False)
+    task = loading.load_task(cfg, training=False)
     device = distributed.pick_device(cfg.device)
-    model, tokenizer, task = cli.load_model(cfg, task, device, rank=0)
+    model, tokenizer, task = loading.load_model(cfg, task, device, rank=0)
     try:
         checkpoint.load_adapter(model, args.adapter)
     except (ValueError, RuntimeError) as e:         # another layout, or other shapes
@@ -208,9 +209,9 @@ def main(argv=None) -> dict:
     limit = cfg.max_new_tokens or task.max_new_tokens
     print(f"{args.adapter}: model {cfg.model}, task {task.name}, {len(prompts)} held-out prompts, "
           f"up to {limit} new tokens")
-    reward = cli.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
+    reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     # train.py's eval: the training reward, then the task's named ones, in batches of the same size
-    fns = cli.eval_rewards(task, reward)
+    fns = loading.eval_rewards(task, reward)
     with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:
         scores = rollout.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
                                         progress=bar)

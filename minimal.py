@@ -16,7 +16,7 @@ import random
 
 import torch
 
-import demo
+import demo_model
 import tasks
 from buffer import ReplayBuffer, collate
 from replay_rl import completion_logp, load_policy, policy_loss
@@ -52,7 +52,7 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
         raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would train")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
-    base = demo.tiny_model(task)        # built on first use (it draws random numbers), then cached
+    base = demo_model.tiny_model(task)        # built on first use (it draws random numbers), then cached
     torch.manual_seed(seed)             # after it: a cold cache and a warm one train alike
     model, tokenizer = load_policy(base, lora_r=16)                     # the base model + a new LoRA
     # beta2 0.99 (not 0.999): the second moment follows the gradient's scale within ~100 steps, as

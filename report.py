@@ -48,7 +48,7 @@ class Report:
                 self.wandb = WandbRun(run_dir, cfg, resumed)
             if cfg.plot and not have_matplotlib:
                 say(cfg, "matplotlib is not installed: no curves.png (pip install matplotlib; "
-                    "or python plot.py RUN later)")
+                    "or python comparison/plot.py RUN later)")
         self.bar = tqdm(total=cfg.max_rounds, initial=state.round, desc="rounds",
                         dynamic_ncols=True, disable=not cfg.progress or not distributed.is_main())
 
@@ -77,7 +77,7 @@ class Report:
         if not self.plot:
             return
         try:
-            import plot
+            from comparison import plot     # the harness's drawing of one run's curves
             plot.plot_run(self.run_dir)
         except Exception as e:      # a figure is not worth a run (a full disk, a matplotlib quirk)
             print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)

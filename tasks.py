@@ -7,7 +7,7 @@ A task is plain data plus one function:
     Task.eval_rewards                           named rewards to report at eval (GSM8K: strict, lenient)
 Tasks: ``addition``, ``columns`` (embedded), ``sums`` (for a real instruct model), ``gsm8k`` (Hugging Face ``openai/gsm8k``) or a local ``.jsonl`` file in
 GSM8K's format; ``load_reward("module:function")`` loads a custom reward for any of them.
-No model code here: the embedded demo model (``--model tiny``) lives in demo.py.
+No model code here: the embedded demo model (``--model tiny``) lives in demo_model.py.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import torch
 import checkpoint
 import cli
 import distributed
+import loading
 import replay_rl
 import report
 import rollout
@@ -170,7 +171,7 @@ class Run:
     task: tasks.Task
     model: object                   # the PEFT model
     tokenizer: object
-    reward: cli.CheckedReward       # the task's reward, checked; counts the errors scored 0
+    reward: loading.CheckedReward       # the task's reward, checked; counts the errors scored 0
     optimizer: torch.optim.Optimizer
     buffer: ReplayBuffer            # this process's shard
     rng: random.Random              # the prompt stream (the same in every process)
@@ -190,7 +191,7 @@ def main(argv=None) -> dict:
     """python train.py [flags]: the config, the task, then the loop (Ctrl-C: save, then exit)."""
     cfg, saved = cli.parse(Config, argv, __doc__)
     report.quiet_libraries()
-    task = cli.load_task(cfg)
+    task = loading.load_task(cfg)
     if not cfg.max_rounds:
         cfg = dataclasses.replace(cfg, max_rounds=task.max_rounds)
     stop = checkpoint.StopRequest()
@@ -310,7 +311,7 @@ def evaluate(run: Run) -> float:
     mine = distributed.share(prompts)
     run.model.eval()
     errors_before = run.reward.errors
-    fns = cli.eval_rewards(task, run.reward)    # eval_accuracy, and GSM8K's eval_strict, eval_lenient
+    fns = loading.eval_rewards(task, run.reward)    # eval_accuracy, and GSM8K's eval_strict, eval_lenient
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
              if mine else dict.fromkeys(fns, 0.0))
@@ -395,7 +396,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
         busy = str(e)
     if busy := distributed.broadcast(busy):
         distributed.exit_all(f"error: {busy}", 2)
-    model, tokenizer, task = cli.load_model(cfg, task, device, rank)
+    model, tokenizer, task = loading.load_model(cfg, task, device, rank)
     report.save_config(out, {**asdict(cfg), "world_size": world})     # a folder whose model failed holds no run
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
@@ -406,12 +407,12 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
                           skip_zero_advantage=cfg.skip_zero_advantage)
     state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cfg.eval_every_tokens,
                       world_size=world)
-    reward = cli.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
+    reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out,
               state)
     report.start(cfg, task, world)
     if cfg.fast_generation:
-        run.fast = cli.fast_decoding(cfg, model, tokenizer, task, device)
+        run.fast = loading.fast_decoding(cfg, model, tokenizer, task, device)
     if saved is not None:       # continue: the weights, optimizer, buffer, RNG streams, loop state
         checkpoint.restore(saved, model=model, optimizer=optimizer, buffer=buffer, rng=run.rng)
         run.state = LoopState(**saved.state)

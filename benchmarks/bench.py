@@ -38,7 +38,7 @@ from transformers import GenerationConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the project's modules
 
-import demo  # noqa: E402
+import demo_model  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
 from distributed import pick_device  # noqa: E402
@@ -123,7 +123,7 @@ def main(argv=None) -> dict:
     device = pick_device(args.device)
     timed = timer(device)
     task = tasks.load_task(cfg.task)
-    model_path = demo.tiny_model(task) if args.model == "tiny" else args.model
+    model_path = demo_model.tiny_model(task) if args.model == "tiny" else args.model
     model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, device=device,
                                    dtype=DTYPES[args.dtype])
     params = [p for p in model.parameters() if p.requires_grad]

@@ -97,7 +97,7 @@ import torch
 import transformers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, os.getcwd())
-from demo import char_tokenizer
+from demo_model import char_tokenizer
 import tasks
 
 work, big = sys.argv[1], sys.argv[2] == "1"

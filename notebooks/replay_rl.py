@@ -51,7 +51,7 @@ print("project:", root, "| small settings" if SMALL else "")
 #
 # The embedded task is 2-digit addition: the prompt `37+45=`, the reward 1 for the exact sum and
 # 0 otherwise. The demo model is a 0.53M-parameter Llama with a character tokenizer, warm-started
-# by a *sloppy teacher* who forgets each carry 70% of the time (`demo.py`; its weights ship with
+# by a *sloppy teacher* who forgets each carry 70% of the time (`demo_model.py`; its weights ship with
 # the project). `load_policy` wraps it with a fresh LoRA adapter: that is pi_theta.
 
 # %%
@@ -59,7 +59,7 @@ import random
 
 import torch
 
-import demo
+import demo_model
 import tasks
 from replay_rl import load_policy
 from rollout import greedy_accuracy
@@ -71,7 +71,7 @@ print(f"reward of {task.answers[prompt]!r}: {task.reward(prompt, task.answers[pr
       f"of '0': {task.reward(prompt, '0')}")
 
 torch.manual_seed(0)
-model, tokenizer = load_policy(demo.tiny_model(task), lora_r=16)
+model, tokenizer = load_policy(demo_model.tiny_model(task), lora_r=16)
 EVAL_PROMPTS = 50 if SMALL else 500
 start_accuracy = greedy_accuracy(model, tokenizer, task.eval_prompts[:EVAL_PROMPTS], task.reward,
                                  max_new_tokens=task.max_new_tokens)

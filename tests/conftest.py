@@ -8,7 +8,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):       # `pytest -n 2`: one core per wo
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, "comparison"))     # the comparison harness: compare.py, plot.py, cost.py, ...
 
 import pytest  # noqa: E402
 
@@ -22,8 +24,8 @@ def addition():
 @pytest.fixture(scope="session")
 def tiny_path(addition):
     """The warm-started embedded model (built once, ~30 s, then cached on disk)."""
-    import demo
-    return demo.tiny_model(addition)
+    import demo_model
+    return demo_model.tiny_model(addition)
 
 
 @pytest.fixture
@@ -131,7 +133,7 @@ def optional():
 
 
 def cost_file(path, gen, train, sizes=(16, 32, 64, 128, 256, 512), mode="plain"):
-    """A constructed cost curve in benchmarks/cost.py's format: gen(R) and train(B) seconds."""
+    """A constructed cost curve in comparison/cost.py's format: gen(R) and train(B) seconds."""
     path.write_text(json.dumps({"device": "cpu", "dtype": "float32", "threads": 1, "model": "tiny", "task": "addition",
                                 "max_new_tokens": 6, "conditions": "constructed",
                                 "generation": {mode: [{"R": s, "seconds": gen(s)} for s in sizes]},

@@ -176,7 +176,7 @@ def test_a_resumed_run_stays_in_its_folder(saved_run, tmp_path, capsys):
 
 
 def test_warm_start_steps_0_and_2000_name_the_same_model_on_resume(saved_run, capsys):
-    """0 is the demo's own warm start, 2000 steps (demo.WARM_START): --resume took them for a change."""
+    """0 is the demo's own warm start, 2000 steps (demo_model.WARM_START): --resume took them for a change."""
     assert train.parse_config(["--resume", saved_run, "--warm-start-steps", "2000"]).warm_start_steps == 0
     with pytest.raises(SystemExit) as e:
         train.parse_config(["--resume", saved_run, "--warm-start-steps", "300"])

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-import demo
+import demo_model
 import tasks
 from tasks import column_work
 
@@ -22,7 +22,7 @@ def columns():
 def columns_model(columns):
     """The shipped warm start of the task (demo_columns.safetensors), with its tokenizer."""
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(demo.tiny_model(columns)).eval(), demo.char_tokenizer()
+    return AutoModelForCausalLM.from_pretrained(demo_model.tiny_model(columns)).eval(), demo_model.char_tokenizer()
 
 
 def test_column_work_by_hand():
@@ -115,5 +115,5 @@ def test_the_demo_model_learns_to_carry_in_its_written_work(tmp_path):
     gain = result["final_accuracy"] - result["first_accuracy"]
     print(f"accuracy {result['first_accuracy']:.3f} -> {result['final_accuracy']:.3f}")
     # these settings, one thread, RL seeds 0, 1, 2: 0.250 -> 0.995, 1.000, 0.935 (+0.745, +0.750, +0.685);
-    # the task's matrix (benchmarks/demo_matrix.py, 50 rounds) gained +0.742 to +0.758 in all 12 cells
+    # the task's matrix (comparison/demo_matrix.py, 50 rounds) gained +0.742 to +0.758 in all 12 cells
     assert gain >= 0.5, (result["first_accuracy"], result["final_accuracy"])

@@ -438,7 +438,7 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     # the same flags from another starting model (the warm start's recipe changed: another spec) run again
     assert record["model"] == compare.starting_model("tiny", "addition", 1)
     calls.clear()
-    monkeypatch.setitem(__import__("demo").WARM_START, "lr", 1e-2)
+    monkeypatch.setitem(__import__("demo_model").WARM_START, "lr", 1e-2)
     compare.main(common + ["--output-dir", str(tmp_path / "d")])
     assert len([c for c in calls if c[0] == "run"]) == 6
 

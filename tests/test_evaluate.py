@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-import cli
 import evaluate
+import loading
 import train
 
 SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "32", "--batch-size", "16",
@@ -85,7 +85,7 @@ def test_what_is_not_an_adapter_is_one_line_before_any_model(trained, tmp_path, 
     run, _ = trained
     bare = str(tmp_path / "bare")
     shutil.copytree(os.path.join(run, "adapter"), bare)
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     names = dict(tmp=str(tmp_path), tiny=tiny_path, bare=bare, run=run)
     with pytest.raises(SystemExit) as e:
         evaluate.main([a.format(**names) for a in args])
@@ -112,7 +112,7 @@ def test_the_earlier_demo_model_is_refused_with_model_tiny_too(saved_run, capsys
     config = json.load(open(os.path.join(saved_run, "config.json")))
     del config["warm_start_seed"]
     json.dump(config, open(os.path.join(saved_run, "config.json"), "w"))
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     for args in ([], ["--model", "tiny"]):
         with pytest.raises(SystemExit) as e:
             evaluate.main([os.path.join(saved_run, "adapter")] + args)

@@ -8,7 +8,7 @@ entry point writes (config.json, each compare run's config, summary.json, eval.j
 entry point refused it: exit code 2, one line naming the flag, before any model was built or
 loaded. A flag without a line fails: a new flag is covered by writing its line.
 
-Nothing is trained. cli.load_model is stood in for (train.py writes config.json before it, for
+Nothing is trained. loading.load_model is stood in for (train.py writes config.json before it, for
 real); compare.py's runs are read by train.py's parser (conftest.py: compare_runs); evaluate.py's
 scores are made up; minimal.main's model calls are recorded.
 """
@@ -26,8 +26,10 @@ import pytest
 import torch
 
 import cli
+
 import compare
 import evaluate
+import loading
 import minimal
 import report
 import tasks
@@ -204,7 +206,7 @@ def test_every_flag_has_a_line_and_every_line_a_flag():
 
 
 class Loaded(Exception):
-    """cli.load_model was reached (every check before any model passed) and config.json written."""
+    """loading.load_model was reached (every check before any model passed) and config.json written."""
 
 
 load_task = tasks.load_task
@@ -217,12 +219,12 @@ def cached_task(name, reward_mode="strict"):
 
 @pytest.fixture
 def world(tmp_path, monkeypatch, request):
-    """The folder the commands run in (with a reward file), cli.load_model stood in for (it
+    """The folder the commands run in (with a reward file), loading.load_model stood in for (it
     records the config and stops), the folders config.json is written to, tasks built once a
     session, and {tmp} / {run} / {ckpt} (a saved run, made on first use) for the command lines."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reward.py").write_text("def exact(prompt, completion):\n    return 1.0\n")
-    cost_file(tmp_path / "cost.json", lambda R: R / 100, lambda B: B / 200, sizes=(16, 512))   # benchmarks/cost.py's
+    cost_file(tmp_path / "cost.json", lambda R: R / 100, lambda B: B / 200, sizes=(16, 512))   # comparison/cost.py's
     monkeypatch.setattr(tasks, "load_task", cached_task)
     w = types.SimpleNamespace(tmp=str(tmp_path), loaded=[], stop=False)
 
@@ -237,7 +239,7 @@ def world(tmp_path, monkeypatch, request):
         if w.stop:
             w.stop = False
             raise Loaded(config)
-    monkeypatch.setattr(cli, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     report_save_config, w.run_dirs = report.save_config, []
     monkeypatch.setattr(report, "save_config", save_config)
 
@@ -329,7 +331,7 @@ def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, m
     def load_model(cfg, task, device, rank):
         world.loaded.append(cfg)
         return types.SimpleNamespace(eval=lambda: None), None, task
-    monkeypatch.setattr(cli, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(checkpoint, "load_adapter", lambda model, folder: None)
     monkeypatch.setattr(rollout, "greedy_rewards", lambda model, tok, prompts, fns, **k: dict.fromkeys(fns, 0.5))
     monkeypatch.setattr(evaluate, "sampled_rewards", lambda model, tok, prompts, reward, *, n, **k:
@@ -352,7 +354,7 @@ def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, m
 @pytest.mark.parametrize("name", MINIMAL_ARGS)
 def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     """minimal.main writes nothing: what it did is read from the calls it made (no model)."""
-    import demo
+    import demo_model
     assert name in MINIMAL, f"minimal.main({name}=...): no line in MINIMAL (tests/test_flags.py); add one"
     w = types.SimpleNamespace(generated=[], evaluated=[], lines=[], seeded=None)
 
@@ -364,7 +366,7 @@ def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
         w.evaluated.append(len(prompts))
         return 0.25
 
-    monkeypatch.setattr(demo, "tiny_model", lambda task: "the demo model")
+    monkeypatch.setattr(demo_model, "tiny_model", lambda task: "the demo model")
     monkeypatch.setattr(minimal, "load_policy", load_policy)
     monkeypatch.setattr(minimal, "greedy_accuracy", greedy_accuracy)
     monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, reward, **k:

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-import cli
+import loading
 import replay_rl
 import train
 from buffer import collate
@@ -13,7 +13,7 @@ from rollout import generate_rollouts
 
 
 def policy_and_rollouts(addition, dtype="float16"):
-    model, tok, _ = cli.load_model(train.Config(dtype=dtype, lora_r=4), addition, "cpu", 0)
+    model, tok, _ = loading.load_model(train.Config(dtype=dtype, lora_r=4), addition, "cpu", 0)
     for name, p in model.named_parameters():     # a non-zero adapter: every LoRA weight has a gradient
         if "lora_B" in name:
             p.data.normal_(0, 0.05)

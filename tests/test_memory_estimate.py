@@ -134,7 +134,7 @@ SMALL = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_k
 
 
 def char_tokenizer():
-    from demo import char_tokenizer as make
+    from demo_model import char_tokenizer as make
     return make()
 
 

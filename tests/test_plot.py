@@ -177,7 +177,7 @@ def test_cli_writes_the_run_figure_or_the_overlay_and_refuses_a_folder_that_is_n
     assert capsys.readouterr().out.split() == [os.path.join(a, "curves.png"), "overlay.png"]
     os.makedirs(tmp_path / "empty")
     for folder, why in ((tmp_path / "missing", "no such folder"), (tmp_path / "empty", "has no metrics.jsonl")):
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), a, str(folder)],
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "comparison", "plot.py"), a, str(folder)],
                            capture_output=True, text=True)
         assert p.returncode == 2 and why in p.stderr and len(p.stderr.strip().splitlines()) == 1
 

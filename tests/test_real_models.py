@@ -9,7 +9,7 @@ from peft import PeftModel
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-import demo
+import demo_model
 from buffer import collate
 from replay_rl import completion_logp, load_policy, update_step
 from rollout import generate_rollouts
@@ -26,7 +26,7 @@ def model_dirs(tmp_path_factory):
     saved with save_pretrained exactly as a hub checkpoint is laid out."""
     folders = {}
     for arch, (config_class, model_class) in ARCHITECTURES.items():
-        tokenizer = demo.char_tokenizer()
+        tokenizer = demo_model.char_tokenizer()
         config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **SIZE)
         torch.manual_seed(0)

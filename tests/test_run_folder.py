@@ -14,7 +14,7 @@ import time
 import pytest
 
 import checkpoint
-import cli
+import loading
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +24,7 @@ SMALL = ["--max-rounds", "4", "--prompts-per-round", "4", "--num-generations", "
 
 def no_model(monkeypatch):
     """Loading a model fails the test: what is checked must be refused before it."""
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 def one_line_error(capsys) -> str:
@@ -106,7 +106,7 @@ def test_a_shortened_metrics_file_is_refused_on_resume_never_padded(tmp_path, ti
     whole = open(metrics, "rb").read()
     with open(metrics, "r+b") as f:                       # `truncate -s -300`
         f.truncate(len(whole) - 300)
-    real_load = cli.load_model
+    real_load = loading.load_model
     no_model(monkeypatch)
     with pytest.raises(SystemExit) as e:
         train.main(["--resume", run, "--max-rounds", "6"])
@@ -119,7 +119,7 @@ def test_a_shortened_metrics_file_is_refused_on_resume_never_padded(tmp_path, ti
         train.main(["--resume", run, "--max-rounds", "6"])
     assert "ends no line" in one_line_error(capsys)
     os.rename(metrics, metrics + ".old")                  # moved away: a new file from the checkpoint on
-    monkeypatch.setattr(cli, "load_model", real_load)
+    monkeypatch.setattr(loading, "load_model", real_load)
     train.main(["--resume", run, "--max-rounds", "6"])
     rows = [json.loads(line) for line in open(metrics)]
     assert rows and rows[0]["round"] == 5 and b"\0" not in open(metrics, "rb").read()
@@ -132,11 +132,11 @@ def test_a_temperature_that_trains_nothing_and_a_reward_that_is_no_number_are_re
         train.main(SMALL + ["--temperature", "1e-08", "--output-dir", str(tmp_path / "t")])
     assert e.value.code == 2 and "--temperature 1e-08: below 0.01" in one_line_error(capsys)
     assert not os.path.exists(tmp_path / "t")
-    reward = cli.CheckedReward(lambda p, c: "1.0", "raise")
+    reward = loading.CheckedReward(lambda p, c: "1.0", "raise")
     with pytest.raises(SystemExit, match="returned str '1.0', not a number"):
         reward("1+2=", "3")
-    assert cli.CheckedReward(lambda p, c: "1.0", "zero")("1+2=", "3") == 0.0
-    assert [cli.CheckedReward(lambda p, c, v=v: v, "raise")("p", "c") for v in (True, 1, 0.5)] == [1.0, 1.0, 0.5]
+    assert loading.CheckedReward(lambda p, c: "1.0", "zero")("1+2=", "3") == 0.0
+    assert [loading.CheckedReward(lambda p, c, v=v: v, "raise")("p", "c") for v in (True, 1, 0.5)] == [1.0, 1.0, 0.5]
 
 
 def test_a_second_writer_of_an_eval_json_or_a_comparison_folder_is_refused(finished, tmp_path, monkeypatch,

@@ -167,10 +167,9 @@ def test_sums_grades_the_last_number_of_a_reply():
 
 
 def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(smollm2, tmp_path, capsys):
-    """benchmarks/compare_smollm2.py at tiny settings: the GGUF cut into parts of at most 60 MB,
+    """comparison/compare_smollm2.py at tiny settings: the GGUF cut into parts of at most 60 MB,
     joined and checked there, the three arms (one replicate each, to keep the suite short) run as
     three processes at once, and a summary that compare.py --summary reads."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import compare
     import compare_smollm2
 

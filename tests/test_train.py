@@ -106,7 +106,7 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     plain = AutoModelForCausalLM.from_pretrained(tiny_path)
     with torch.no_grad():
         assert not torch.allclose(reloaded(ids).logits, plain(ids).logits, atol=1e-4)   # the adapter changed it
-        acc = __import__("rollout").greedy_accuracy(reloaded, __import__("demo").char_tokenizer(),
+        acc = __import__("rollout").greedy_accuracy(reloaded, __import__("demo_model").char_tokenizer(),
                                                     addition.eval_prompts[:200], addition.reward,
                                                     max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)

@@ -1,9 +1,9 @@
 """On one GPU, in one command: on_policy / replay / control on SmolLM2-135M-Instruct (--task sums),
 3 replicates each, every run its own process on the same device, then compare.py's summary.
 
-    python benchmarks/compare_smollm2.py --output-dir runs/smollm2_gpu          # the wheel's GGUF
-    python benchmarks/compare_smollm2.py --gguf-parts parts/smollm2.gguf.part-*  # a GGUF sent in parts
-    python compare.py --summary runs/smollm2_gpu/summary.json                   # read it again
+    python comparison/compare_smollm2.py --output-dir runs/smollm2_gpu          # the wheel's GGUF
+    python comparison/compare_smollm2.py --gguf-parts parts/smollm2.gguf.part-*  # a GGUF sent in parts
+    python comparison/compare.py --summary runs/smollm2_gpu/summary.json                   # read it again
 
 Where the model comes from, first match: --model FOLDER (a converted folder, or any Hugging Face
 folder); --gguf-parts P1 P2 ... (joined, in name order, into one file in --output-dir: for

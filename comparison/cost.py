@@ -1,16 +1,16 @@
 """What a round costs on this machine: the seconds of one round's generation against its size R, and of
 one optimizer step against its batch B. compare.py projects each arm's time to the target on this curve.
 
-    python benchmarks/cost.py --output cost.json        # the demo (tiny model, addition) on CPU, < 5 minutes
-    python compare.py --summary docs/results/tuned.json --cost cost.json    # which arm is first here?
+    python comparison/cost.py --output cost.json        # the demo (tiny model, addition) on CPU, < 5 minutes
+    python comparison/compare.py --summary docs/results/tuned.json --cost cost.json    # which arm is first here?
     # a GPU: a model with Qwen2.5-0.5B's shapes and random weights, and prompts of ~231 tokens (GSM8K's),
     # both built by gpu_check.sh; completions forced to the length limit
     GPU_CHECK_BUILD_ONLY=1 GPU_CHECK_ROWS= GPU_CHECK_DIR=/tmp/g bash benchmarks/gpu_check.sh
-    python benchmarks/cost.py --model /tmp/g/model --task /tmp/g/gsm8k_231.jsonl --max-new-tokens 256 \\
+    python comparison/cost.py --model /tmp/g/model --task /tmp/g/gsm8k_231.jsonl --max-new-tokens 256 \\
         --force-length --threads 0 --output cost_gpu.json
 
 What it times is what train.py runs: rollout.generate_rollouts on R = P x G rollouts (P prompts of the
-task, G samples each, at the loop's temperature), the model loaded as train.py loads it (cli.load_model:
+task, G samples each, at the loop's temperature), the model loaded as train.py loads it (loading.load_model:
 dtype, LoRA, chat template); and replay_rl.update_step on B of those rollouts with train.py's defaults
 (loss, cap, normalization, --micro-batch-size). Each point: the median of --repeats calls after one
 untimed warm-up call at that size (with the fast path, the warm-up compiles: its seconds are kept
@@ -43,7 +43,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the project's modules
 
 import cli  # noqa: E402
+
 import distributed  # noqa: E402
+import loading  # noqa: E402
 import rollout  # noqa: E402
 from bench import timer  # noqa: E402  (benchmarks/, this script's folder)
 from replay_rl import update_step  # noqa: E402
@@ -147,8 +149,8 @@ def main(argv=None) -> dict:
                  temperature=args.temperature or cli.MODEL_DEFAULTS.get(args.model, {}).get("temperature", 1.0),
                  progress=False)
     device = distributed.pick_device(args.device)
-    task = cli.load_task(cfg, training=False)
-    model, tokenizer, task = cli.load_model(cfg, task, device, rank=0)
+    task = loading.load_task(cfg, training=False)
+    model, tokenizer, task = loading.load_model(cfg, task, device, rank=0)
     timed = timer(device)
     G, max_new = args.num_generations, args.max_new_tokens or task.max_new_tokens
     rng = random.Random(args.seed)
@@ -156,7 +158,7 @@ def main(argv=None) -> dict:
     fast_applies = device.startswith("cuda") and not args.load_in_4bit
     modes = ["plain"] + (["fast"] if args.fast_generation == "on" or (args.fast_generation == "auto" and fast_applies)
                          else [])
-    fast = cli.fast_decoding(cfg, model, tokenizer, task, device) if "fast" in modes else None
+    fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if "fast" in modes else None
     pool = []                       # rollouts of the largest round: the batches of the training points
 
     def generate(R: int, mode: str):
@@ -202,7 +204,7 @@ def main(argv=None) -> dict:
     prompt_tokens = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in task.train_prompts[:200]]
     result = {
         "device": device + (f" ({torch.cuda.get_device_name(0)})" if device.startswith("cuda") else ""),
-        "dtype": str(cli.pick_dtype(args.dtype, device)).replace("torch.", "") + (", 4-bit" if args.load_in_4bit else ""),
+        "dtype": str(loading.pick_dtype(args.dtype, device)).replace("torch.", "") + (", 4-bit" if args.load_in_4bit else ""),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "peft": peft.__version__, "model": args.model, "task": args.task,
         "prompt_tokens_mean": statistics.fmean(prompt_tokens), "max_new_tokens": max_new, "num_generations": G,

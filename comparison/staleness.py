@@ -1,7 +1,7 @@
 """How stale is replayed data on the written-work task (--task columns), and when does the importance
 cap bind? One train.py run per setting x warm start; the figures the loss logs, per run and per setting.
 
-    python benchmarks/staleness.py --output-dir runs/stale --json docs/staleness.json
+    python comparison/staleness.py --output-dir runs/stale --json docs/staleness.json
 
 Settings (each the task's default run, 50 rounds, but for the flags named): the default replay (y = 2,
 R = 128, B = N = 256), y = 4 (N = 4R: R = 64), y = 8 (R = 32), a buffer twice as deep as the batch
@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
               f"{' '.join(f'{a:.2f}' for a in s['final_accuracy']):>22}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "python benchmarks/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            json.dump({"command": "python comparison/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                        "settings": summary}, f, indent=1)
     return summary
 

@@ -1,9 +1,9 @@
 """Does replay pay off? Arms of train.py's loop under the same budget of generated tokens.
 
-    python compare.py --output-dir runs/compare            # 3 arms x 5 seeds, two runs side by side
-    python compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
-    python benchmarks/cost.py --output cost.json           # this machine's cost of a round, then:
-    python compare.py --summary runs/compare/summary.json --cost cost.json   # which arm is first here?
+    python comparison/compare.py --output-dir runs/compare            # 3 arms x 5 seeds, two runs side by side
+    python comparison/compare.py --quick --output-dir /tmp/cmp        # the pipeline in ~1 minute
+    python comparison/cost.py --output cost.json           # this machine's cost of a round, then:
+    python comparison/compare.py --summary runs/compare/summary.json --cost cost.json   # which arm is first here?
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
     on_policy   R = B fresh rollouts per update, N = B: each rollout used once, right away
@@ -60,7 +60,7 @@ evals) is its own to set: --train-args holding one is refused, as are unknown fl
 
 Time, two ways. (a) Measured: the seconds of generation + training in the runs' logs (evals
 excluded; --jobs runs side by side, one thread each), to the target, with intervals, in every table.
-(b) Projected on a cost curve (--cost, from benchmarks/cost.py on the machine of interest):
+(b) Projected on a cost curve (--cost, from comparison/cost.py on the machine of interest):
     projected seconds = rounds to target x gen(R of the arm) + steps to target x train(B of the arm),
 gen and train interpolated linearly between the curve's measured sizes (a round's time is close to
 a fixed cost per call plus a cost per rollout between neighbouring sizes; linear interpolation is
@@ -92,11 +92,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import checkpoint
-import cli
-import train
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)                # the project's modules (train.py, cli.py, ...)
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+import checkpoint  # noqa: E402
+import cli  # noqa: E402
+import train  # noqa: E402
 ARMS = ("on_policy", "replay", "control")
 OPTIONAL_ARMS = ("replay_y3", "replay_y4", "control_y4", "replay_y4_ppo", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre",
                  "replay_cap1", "replay_cap4", "control_nonzero")
@@ -263,7 +264,7 @@ def control_of(arm: str) -> str | None:
     return special[arm] if arm in special else "control" if arm.startswith("replay") else None
 
 
-# ---- time from a cost curve (benchmarks/cost.py) --------------------------------------------
+# ---- time from a cost curve (comparison/cost.py) --------------------------------------------
 def interpolate(points: list[list[float]], x: float, what: str) -> float:
     """y at x on measured points [(x, y), ...]: linear between the two around x, exact at a point.
     Linear in x, not log-log: a round's time is a fixed cost per call plus a cost per rollout, close
@@ -272,14 +273,14 @@ def interpolate(points: list[list[float]], x: float, what: str) -> float:
     points = sorted(points)
     if not points[0][0] <= x <= points[-1][0]:
         raise CompareError(f"{what} {x:g} is outside the cost curve's range {points[0][0]:g}..{points[-1][0]:g}: "
-                           f"measure it (benchmarks/cost.py --sizes ...)")
+                           f"measure it (comparison/cost.py --sizes ...)")
     for (x0, y0), (x1, y1) in zip(points, points[1:] + [points[-1]]):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (x - x0) / (x1 - x0) * (y1 - y0)
 
 
 def load_cost(path: str) -> dict:
-    """A cost file of benchmarks/cost.py: its curves {generation mode: {"generation": [[R, seconds of
+    """A cost file of comparison/cost.py: its curves {generation mode: {"generation": [[R, seconds of
     one round's generation], ...], "training": [[B, seconds of one optimizer step], ...]}} and what
     it was measured on."""
     try:
@@ -289,7 +290,7 @@ def load_cost(path: str) -> dict:
         curves = {mode: {"generation": [[p["R"], p["seconds"]] for p in points if "seconds" in p], "training": training}
                   for mode, points in cost["generation"].items() if any("seconds" in p for p in points)}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CompareError(f"--cost {path}: not a cost file of benchmarks/cost.py ({type(e).__name__}: {e})")
+        raise CompareError(f"--cost {path}: not a cost file of comparison/cost.py ({type(e).__name__}: {e})")
     if not curves or not training:
         raise CompareError(f"--cost {path}: no measured points")
     about = {k: cost.get(k) for k in ("device", "dtype", "threads", "conditions", "model", "task", "max_new_tokens",
@@ -485,9 +486,9 @@ def threads_env(threads: int = 1, **extra: str) -> dict:
 
 
 def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0, env: dict | None = None) -> None:
-    """The embedded model of one warm start (demo.py), built and cached in a process of its own
+    """The embedded model of one warm start (demo_model.py), built and cached in a process of its own
     (one thread, unless env says otherwise)."""
-    subprocess.run([sys.executable, "demo.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
+    subprocess.run([sys.executable, "demo_model.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
                     "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env or threads_env(), check=True,
                    stdout=subprocess.DEVNULL)
 
@@ -500,13 +501,13 @@ def record_argv(argv: list[str]) -> list[str]:
 
 def starting_model(model: str, task: str, warm_start_seed: int, warm_start_steps: int = 0) -> str:
     """What a run starts from, as a record keeps it: a hub id or folder as given; the embedded model
-    by its spec's hash (demo.spec): the same flags name another model once its warm start changes."""
+    by its spec's hash (demo_model.spec): the same flags name another model once its warm start changes."""
     if model != "tiny":
         return model
-    import demo
+    import demo_model
     import tasks
     task_ = tasks.load_task(task)
-    return os.path.basename(demo.cache_path(task_, demo.spec(task_, warm_start_steps or None, warm_start_seed)))
+    return os.path.basename(demo_model.cache_path(task_, demo_model.spec(task_, warm_start_steps or None, warm_start_seed)))
 
 
 def load_record(path: str, argv: list[str], model: str) -> dict | None:
@@ -580,7 +581,7 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
     p.add_argument("--keep-correct-frac", type=float,
                    help="delta of the positive-bias retention arm (with --arms ... replay_pbr; default 0.3)")
-    p.add_argument("--cost", default="", help="a cost curve (JSON of benchmarks/cost.py): each arm's time to the target "
+    p.add_argument("--cost", default="", help="a cost curve (JSON of comparison/cost.py): each arm's time to the target "
                                              "projected on it, rounds x gen(R) + steps x train(B), with intervals")
     p.add_argument("--summary", default="", help="run nothing: read this summary.json of compare.py (with --cost: "
                                                 "on that machine) and answer which arm reaches the target first, "

@@ -1,9 +1,9 @@
 """Does `python train.py` learn from every warm start its code builds? One run per cell of
 warm-start seed x thread count x RL seed, with the default flags otherwise.
 
-    python benchmarks/demo_matrix.py --output-dir runs/matrix          # 3 x 2 x 2 = 12 cells
-    python benchmarks/demo_matrix.py --output-dir runs/matrix-columns --task columns   # the written-work task
-    python benchmarks/demo_matrix.py --output-dir runs/m --warm-start-seeds 0 --rl-seeds 0 --threads 2
+    python comparison/demo_matrix.py --output-dir runs/matrix          # 3 x 2 x 2 = 12 cells
+    python comparison/demo_matrix.py --output-dir runs/matrix-columns --task columns   # the written-work task
+    python comparison/demo_matrix.py --output-dir runs/m --warm-start-seeds 0 --rl-seeds 0 --threads 2
 
 Each thread count builds its own models (a cache folder per thread count): float rounding may differ
 between 1 and 2 threads, so the warm start may too (it did for the earlier one-phase warm start; on

