@@ -40,14 +40,14 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the project's modules
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]     # the project's modules; bench.py's timer
 
 import cli  # noqa: E402
-
 import distributed  # noqa: E402
 import loading  # noqa: E402
 import rollout  # noqa: E402
-from bench import timer  # noqa: E402  (benchmarks/, this script's folder)
+from bench import timer  # noqa: E402  (benchmarks/bench.py)
 from replay_rl import update_step  # noqa: E402
 from report import quiet_libraries  # noqa: E402
 from train import Config  # noqa: E402

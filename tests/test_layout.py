@@ -1,0 +1,85 @@
+"""The shape of the repository (issue 35): no import circle among the top-level modules, the core
+modules that stand alone import nothing of ours beyond the Rollout record, and every script of
+the comparison harness starts from its documented path."""
+import ast
+import glob
+import os
+import runpy
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the top-level modules it imports, at the top or inside a function."""
+    modules = {os.path.basename(p)[:-3]: p for p in glob.glob(os.path.join(ROOT, "*.py"))}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports (a list that starts and ends with the same module), or None."""
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return None
+        path.append(name)
+        for other in sorted(graph[name]):
+            if found := visit(other):
+                return found
+        path.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        if found := visit(name):
+            return found
+    return None
+
+
+def test_circle_finds_a_circle_and_only_one():
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_circle_and_the_core_stands_alone():
+    graph = import_graph()
+    assert {"train", "cli", "loading", "demo_model", "replay_rl", "buffer", "rollout"} <= set(graph)
+    assert circle(graph) is None, f"import circle: {' -> '.join(circle(graph))}"
+    # copy one file into another project and it works: the buffer needs nothing of ours, the
+    # loss and the rollouts only the Rollout record
+    assert graph["buffer"] == set()
+    assert graph["replay_rl"] <= {"buffer"} and graph["rollout"] <= {"buffer", "fast_decoding"}
+    assert not any("train" in deps for name, deps in graph.items() if name not in ("evaluate",))
+
+
+SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "comparison", "*.py")))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_each_harness_script_starts_from_its_path(script, monkeypatch, capsys, tmp_path):
+    """python comparison/X.py --help, as the docs run it, from another folder: its imports resolve."""
+    monkeypatch.chdir(tmp_path)
+    # as a fresh process sees it: the script's folder, none of the repository's (the script adds them)
+    monkeypatch.setattr(sys, "path", [os.path.dirname(script)] + [p for p in sys.path
+                                                                  if p and not p.startswith(ROOT)])
+    for name, module in list(sys.modules.items()):        # nor what other tests imported from there
+        if (getattr(module, "__file__", None) or "").startswith(ROOT):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(script, run_name="__main__")
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
