@@ -7,11 +7,15 @@ The buffer holds up to ``capacity`` rollouts; adding more evicts the oldest firs
 so every rollout can be used several times before it is evicted. The average number of
 uses is the replay ratio. Each rollout keeps the policy version that generated it, so
 its age (current version - generating version, in optimizer steps) is known when it is
-replayed; ``max_age`` optionally drops rollouts that have grown too stale, but only when the
-caller runs ``drop_stale(current_version)`` (``add`` and ``sample`` do not know the current version).
+replayed (one name for the count of optimizer steps: ``policy_version``, the rollout's and the
+current policy's; train.py's ``step`` is the same count). ``max_age`` optionally drops rollouts
+that have grown too stale, but only when the caller runs ``drop_stale(policy_version)`` (``add``
+and ``sample`` do not know the current version).
 
-Two retention variants from the paper's discussion:
-  keep_correct_frac = delta > 0   positive-bias retention: when full, keep the freshest
+Variants (off by default; the method is the plain FIFO above), from the paper's discussion:
+  max_age                         the staleness cap above;
+  keep_correct_frac = delta > 0   positive-bias retention (delta: the part of the N slots kept
+                                  for older correct rollouts): when full, keep the freshest
                                   (1 - delta) * N rollouts (at least the whole newest batch, so
                                   no fresh rollout is evicted unused) plus, in the other slots, the
                                   freshest *correct* (reward > 0) older rollouts; slots that
@@ -44,6 +48,7 @@ class Rollout:
     policy_version:  optimizer steps taken by the policy that generated it
     baseline:        mean reward of its group (the value estimate V of AsymRE)
     uses:            how many training batches it has been part of so far
+    temperature:     T it was sampled at: the loss must take log pi_theta at the same T
     """
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
@@ -53,12 +58,13 @@ class Rollout:
     policy_version: int
     baseline: float = 0.0
     uses: int = 0
+    temperature: float = 1.0
 
 
 class ReplayBuffer:
     """FIFO of up to ``capacity`` (N) rollouts, sampled uniformly without removal.
 
-    max_age (optimizer steps) acts only through ``drop_stale(current_version)``, which the caller
+    max_age (optimizer steps) acts only through ``drop_stale(policy_version)``, which the caller
     runs before sampling (train.py does, at every update): nothing else here drops stale rollouts.
     """
 
@@ -80,12 +86,12 @@ class ReplayBuffer:
 
     def add(self, rollouts: list[Rollout]) -> None:
         """Append rollouts (oldest first); once over capacity, evict (FIFO, or positive-bias)."""
-        if self.skip_zero_advantage:
-            rollouts = [r for r in rollouts if r.advantage != 0]
+        if self.skip_zero_advantage:        # a variant: store none of zero advantage
+            rollouts = [rollout for rollout in rollouts if rollout.advantage != 0]
         self.items.extend(rollouts)
         if len(self.items) <= self.capacity:
             return
-        # the freshest (1 - delta) * N, and never fewer than the rollouts just added
+        # the freshest (1 - delta) * N (plain FIFO: delta = 0, all N), never fewer than the rollouts just added
         n_fresh = min(self.capacity, max(self.capacity - int(self.keep_correct_frac * self.capacity), len(rollouts)))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
         slots = self.capacity - n_fresh
@@ -98,14 +104,14 @@ class ReplayBuffer:
         kept = sorted(ranked[:slots])
         self.items = [older[i] for i in kept] + fresh
 
-    def drop_stale(self, current_version: int) -> int:
-        """Evict rollouts older than max_age optimizer steps. Returns how many were dropped.
+    def drop_stale(self, policy_version: int) -> int:
+        """A variant: evict rollouts older than max_age optimizer steps. Returns how many were dropped.
 
         The only place max_age acts: call it with the current policy version before ``sample``."""
         if self.max_age is None:
             return 0
         before = len(self.items)
-        self.items = [r for r in self.items if current_version - r.policy_version <= self.max_age]
+        self.items = [rollout for rollout in self.items if policy_version - rollout.policy_version <= self.max_age]
         return before - len(self.items)
 
     def sample(self, batch_size: int, remove: bool = False) -> list[Rollout]:
@@ -114,44 +120,50 @@ class ReplayBuffer:
         if batch_size > len(self.items):
             raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of {len(self.items)}")
         idx = torch.randperm(len(self.items), generator=self.generator)[:batch_size].tolist()
-        batch = [self.items[i] for i in idx]
-        for r in batch:
-            r.uses += 1
+        sampled = [self.items[i] for i in idx]
+        for rollout in sampled:
+            rollout.uses += 1
         if remove:
             taken = set(idx)
-            self.items = [r for i, r in enumerate(self.items) if i not in taken]
-        return batch
+            self.items = [rollout for i, rollout in enumerate(self.items) if i not in taken]
+        return sampled
 
     # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         items = self.items
         cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
         return {
-            "prompt_ids": cat([r.prompt_ids for r in items], torch.long),
-            "prompt_lens": torch.tensor([len(r.prompt_ids) for r in items], dtype=torch.long),
-            "completion_ids": cat([r.completion_ids for r in items], torch.long),
-            "behaviour_logp": cat([r.behaviour_logp for r in items], torch.float32),
-            "completion_lens": torch.tensor([len(r.completion_ids) for r in items], dtype=torch.long),
-            "reward": torch.tensor([r.reward for r in items], dtype=torch.float64),
-            "advantage": torch.tensor([r.advantage for r in items], dtype=torch.float64),
-            "policy_version": torch.tensor([r.policy_version for r in items], dtype=torch.long),
-            "baseline": torch.tensor([r.baseline for r in items], dtype=torch.float64),
-            "uses": torch.tensor([r.uses for r in items], dtype=torch.long),
+            "prompt_ids": cat([rollout.prompt_ids for rollout in items], torch.long),
+            "prompt_lens": torch.tensor([len(rollout.prompt_ids) for rollout in items], dtype=torch.long),
+            "completion_ids": cat([rollout.completion_ids for rollout in items], torch.long),
+            "behaviour_logp": cat([rollout.behaviour_logp for rollout in items], torch.float32),
+            "completion_lens": torch.tensor([len(rollout.completion_ids) for rollout in items], dtype=torch.long),
+            "reward": torch.tensor([rollout.reward for rollout in items], dtype=torch.float64),
+            "advantage": torch.tensor([rollout.advantage for rollout in items], dtype=torch.float64),
+            "policy_version": torch.tensor([rollout.policy_version for rollout in items], dtype=torch.long),
+            "baseline": torch.tensor([rollout.baseline for rollout in items], dtype=torch.float64),
+            "uses": torch.tensor([rollout.uses for rollout in items], dtype=torch.long),
+            "temperature": torch.tensor([rollout.temperature for rollout in items], dtype=torch.float64),
             "generator_state": self.generator.get_state(),
         }
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], temperature: float = 1.0) -> None:
+        """The buffer of ``state_dict``. temperature: the T of a buffer saved before rollouts kept
+        their own (the run's --temperature)."""
         prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
         completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
         logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
+        temperature = state.get("temperature", torch.full((len(prompts),), temperature, dtype=torch.float64))
         self.items = [Rollout(p.clone(), c.clone(), lp.clone(), reward=state["reward"][i].item(),
                               advantage=state["advantage"][i].item(), policy_version=int(state["policy_version"][i]),
-                              baseline=state["baseline"][i].item(), uses=int(state["uses"][i]))
+                              baseline=state["baseline"][i].item(), uses=int(state["uses"][i]),
+                              temperature=temperature[i].item())
                       for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
         self.generator.set_state(state["generator_state"])
 
 
-def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = None) -> dict[str, torch.Tensor]:
+def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = None,
+            device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """Pad a list of rollouts into one batch for a training forward.
 
     Prompts are left-padded and completions right-padded, so every completion starts at the
@@ -161,13 +173,19 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
       completion_mask:  [batch, completion_len]  1 on real completion tokens (EOS included), 0 on padding
       behaviour_logp:   [batch, completion_len]  (0 on padding)
       advantage, reward, baseline:  [batch]
-      age:              [batch]  current_version - policy_version, only when current_version is
-                        given (a default of 0 would give negative ages for later rollouts)
+      temperature:      the T they were sampled at (a float; rollouts of different T raise)
+      age:              [batch]  policy_version (the current policy's) minus each rollout's, only
+                        when policy_version is given (a default of 0 would give negative ages)
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
+    device: where the tensors go (default: the CPU).
     """
-    batch = len(rollouts)
-    prompt_lens = torch.tensor([len(r.prompt_ids) for r in rollouts])
-    completion_lens = torch.tensor([len(r.completion_ids) for r in rollouts])
+    temperatures = {rollout.temperature for rollout in rollouts}
+    if len(temperatures) > 1:
+        raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: the loss "
+                         "takes log pi_theta at one temperature, the one they were sampled at")
+    n = len(rollouts)
+    prompt_lens = torch.tensor([len(rollout.prompt_ids) for rollout in rollouts])
+    completion_lens = torch.tensor([len(rollout.completion_ids) for rollout in rollouts])
     prompt_len, completion_len = int(prompt_lens.max()), int(completion_lens.max())
     # Masks of the cells that hold prompt and completion tokens. Boolean-mask assignment fills
     # cells in row-major order, so writing the concatenated tokens through a mask places every
@@ -175,13 +193,13 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
     column = torch.arange(prompt_len + completion_len)
     is_prompt = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
     is_completion = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
-    input_ids = torch.full((batch, prompt_len + completion_len), pad_id, dtype=torch.long)
-    input_ids[is_prompt] = torch.cat([r.prompt_ids for r in rollouts])
-    input_ids[is_completion] = torch.cat([r.completion_ids for r in rollouts])
+    input_ids = torch.full((n, prompt_len + completion_len), pad_id, dtype=torch.long)
+    input_ids[is_prompt] = torch.cat([rollout.prompt_ids for rollout in rollouts])
+    input_ids[is_completion] = torch.cat([rollout.completion_ids for rollout in rollouts])
     attention_mask = (is_prompt | is_completion).long()
     completion_mask = is_completion[:, prompt_len:]
-    behaviour_logp = torch.zeros((batch, completion_len))
-    behaviour_logp[completion_mask] = torch.cat([r.behaviour_logp for r in rollouts])
+    behaviour_logp = torch.zeros((n, completion_len))
+    behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     cols = {
         "input_ids": input_ids,
@@ -189,14 +207,18 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
         "position_ids": position_ids,
         "completion_mask": completion_mask.float(),
         "behaviour_logp": behaviour_logp,
-        "advantage": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
-        "reward": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
-        "baseline": torch.tensor([r.baseline for r in rollouts], dtype=torch.float32),
+        "advantage": torch.tensor([rollout.advantage for rollout in rollouts], dtype=torch.float32),
+        "reward": torch.tensor([rollout.reward for rollout in rollouts], dtype=torch.float32),
+        "baseline": torch.tensor([rollout.baseline for rollout in rollouts], dtype=torch.float32),
+        "temperature": temperatures.pop(),
     }
-    if current_version is not None:
-        age = torch.tensor([current_version - r.policy_version for r in rollouts], dtype=torch.float32)
+    if policy_version is not None:
+        age = torch.tensor([policy_version - rollout.policy_version for rollout in rollouts], dtype=torch.float32)
         if (age < 0).any():
-            raise ValueError(f"current_version {current_version} is older than a rollout's policy_version "
-                             f"{max(r.policy_version for r in rollouts)}: pass the policy's optimizer steps so far")
+            raise ValueError(f"policy_version {policy_version} is older than a rollout's "
+                             f"{max(rollout.policy_version for rollout in rollouts)}: pass the policy's "
+                             "optimizer steps so far")
         cols["age"] = age
+    if device is not None:
+        cols = {k: v.to(device) if torch.is_tensor(v) else v for k, v in cols.items()}
     return cols

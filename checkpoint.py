@@ -270,7 +270,7 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     optimizer.load_state_dict(saved.optimizer)
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
-    buffer.load_state_dict(saved.buffer)
+    buffer.load_state_dict(saved.buffer, temperature=saved.config.get("temperature", 1.0))
     set_rng_states(saved.rng)
     version, internal, gauss = saved.python_rng
     rng.setstate((version, tuple(internal), gauss))
@@ -366,6 +366,20 @@ def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a res
     f.write(f"pid {os.getpid()}\n")
     f.flush()
     _locks[path] = f
+
+
+def claim_run_folder(output_dir: str) -> str:
+    """train.py's run folder, locked: output_dir, or rank 0's runs/<time> (the processes' clocks
+    may straddle a second). One that another process holds is a one-line exit on every rank."""
+    out = distributed.broadcast(output_dir or (new_run_dir() if distributed.is_main() else ""))
+    busy = ""
+    try:                                # one process writes a run folder at a time
+        lock_run(out)
+    except RunFolderBusy as e:
+        busy = str(e)
+    if busy := distributed.broadcast(busy):
+        distributed.exit_all(f"error: {busy}", 2)
+    return out
 
 
 def lock_run(run_dir: str) -> None:

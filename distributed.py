@@ -2,7 +2,7 @@
 
 Data parallel over W processes (ranks): R, N and B stay global; each rank generates R/W rollouts
 from its share of the round's prompts (whole groups, so advantages are computed where the group
-lives), keeps a buffer shard of N/W and samples B/W per update; replay_rl.update_step sums the
+lives), keeps a buffer shard of N/W and samples B/W per update; replay_rl.update_step_engineered sums the
 gradients over the ranks. One process (plain `python train.py`) never touches torch.distributed:
 every call here is then the identity, or does nothing.
 """

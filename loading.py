@@ -149,8 +149,8 @@ def pick_dtype(name: str, device: str) -> torch.dtype:
 
 
 def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
-    """--fast-generation: a rollout.FastDecoding kept for the run."""
-    from rollout import FastDecoding
+    """--fast-generation: a fast_decoding.FastDecoding kept for the run."""
+    from fast_decoding import FastDecoding
 
     # sized once for the longest training prompt: a cache that grows later means a recompile
     longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))

@@ -29,9 +29,9 @@ TEMPERATURE = 1.0           # of sampling, and of the loss's log pi_theta: mu an
 ROUNDS, EVAL_EVERY = 100, 25
 
 
-def update(model, optimizer, batch, pad_id: int, max_grad_norm: float = 1.0) -> dict:
+def update(model, optimizer, rollouts, pad_id: int, max_grad_norm: float = 1.0) -> dict:
     """One truncated-IS policy-gradient step on a batch of rollouts; the loss and metrics."""
-    cols = collate(batch, pad_id)                   # padded: tokens, masks, logp, advantages
+    cols = collate(rollouts, pad_id)                # padded: tokens, masks, logp, advantages
     logp, _ = completion_logp(model, cols, TEMPERATURE)     # log pi_theta(o_t), [batch, completion_len]
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=IS_CAP)
@@ -50,6 +50,9 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     rounds and at the end."""
     if B > N:
         raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would train")
+    if PROMPTS * G > N:
+        raise ValueError(f"R = {PROMPTS * G} > N = {N}: the oldest rollouts of each round would leave the "
+                         "buffer before any batch could use them")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
     base = demo_model.tiny_model(task)        # built on first use (it draws random numbers), then cached

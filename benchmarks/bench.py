@@ -9,10 +9,10 @@ ours / bare timed back to back, after --warmup untimed repetitions):
                      sampling settings and the same seed, so both sample the very same tokens
                      (checked: same_tokens); ours also tokenizes, records behaviour log-probs,
                      decodes, scores rewards, computes advantages and builds the Rollouts
-  update_overhead  = update_step / a bare step on the same collated tokens: forward, mean
+  update_overhead  = update_step_engineered / a bare step on the same collated tokens: forward, mean
                      log-prob loss, backward, AdamW step; ours adds collate, the TIS loss and its
                      metrics, gradient clipping
-  fast_generation  = plain generate_rollouts / generate_rollouts with --fast-generation (rollout.FastDecoding:
+  fast_generation  = plain generate_rollouts / generate_rollouts with --fast-generation (fast_decoding.FastDecoding:
                      a static KV cache kept across calls, the decode step compiled on CUDA): the speed-up,
                      after its first (compiling) call, reported apart as fast_first_call_s; checked:
                      fast_same_tokens (the fraction of completions equal to the plain path's under the
@@ -42,9 +42,10 @@ import demo_model  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
 from distributed import pick_device  # noqa: E402
-from replay_rl import completion_logp, load_policy, update_step  # noqa: E402
+from replay_rl import completion_logp, load_policy, update_step_engineered  # noqa: E402
 from report import quiet_libraries  # noqa: E402
-from rollout import FastDecoding, generate_rollouts  # noqa: E402
+from fast_decoding import FastDecoding  # noqa: E402
+from rollout import generate_rollouts  # noqa: E402
 from train import Config  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,7 +89,7 @@ def timer(device: str):
 
 
 def bare_step(model, optimizer, cols: dict) -> None:
-    """The bare baseline of update_step: forward, mean log-prob loss, backward, optimizer step."""
+    """The bare baseline of update_step_engineered: forward, mean log-prob loss, backward, optimizer step."""
     mask = cols["completion_mask"]
     C = mask.shape[1]
     optimizer.zero_grad(set_to_none=True)
@@ -171,7 +172,7 @@ def main(argv=None) -> dict:
     fast_first_s, (fast_rollouts, _) = timed(fast_rollout)         # compiles (on CUDA): minutes at worst
     fast_same = statistics.mean(float(torch.equal(a.completion_ids, b.completion_ids))
                                 for a, b in zip(rollouts, fast_rollouts))
-    cols = {k: v.to(device) for k, v in collate(fast_rollouts, pad_id).items()}
+    cols = collate(fast_rollouts, pad_id, device=device)
     with torch.no_grad():
         logp, _ = completion_logp(model, cols, cfg.temperature)
     fast_logp_diff = ((logp - cols["behaviour_logp"]).abs() * cols["completion_mask"]).max().item()
@@ -185,11 +186,11 @@ def main(argv=None) -> dict:
                                      **sampling)[0])
     model.train()
     batch = buffer.sample(args.batch_size)
-    cols = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
+    cols = collate(batch, pad_id, device=device)
     optimizer, bare_optimizer = new_optimizer(), new_optimizer()
 
     def update():
-        return update_step(model, optimizer, batch, policy_version=0, **step)
+        return update_step_engineered(model, optimizer, batch, policy_version=0, **step)
 
     def bare_update():
         bare_step(model, bare_optimizer, cols)
@@ -208,8 +209,8 @@ def main(argv=None) -> dict:
         model.train()
         t_add, _ = timed(lambda: buffer.add(rollouts))
         t_sample, batch = timed(lambda: buffer.sample(args.batch_size))
-        t_collate, _ = timed(lambda: collate(batch, pad_id, i))     # apart: update_step collates inside
-        t_update, _ = timed(lambda: update_step(model, optimizer, batch, policy_version=i, **step))
+        t_collate, _ = timed(lambda: collate(batch, pad_id, i))     # apart: update_step_engineered collates inside
+        t_update, _ = timed(lambda: update_step_engineered(model, optimizer, batch, policy_version=i, **step))
         if i >= args.warmup:
             for k, t in zip(parts, (t_gen, t_add, t_sample, t_collate, t_update, t_gen + t_add + t_sample + t_update)):
                 parts[k].append(t)
@@ -253,12 +254,12 @@ def print_table(r: dict, ms: dict, args) -> None:
           f"{1 / r['fast_generation']:>8.3f}   ({r['fast_generation']:.2f}x faster; same tokens "
           f"{r['fast_same_tokens']:.0%}, |log-prob error| <= {r['fast_logp_max_diff']:.1e}; first call "
           f"{r['fast_first_call_s']:.1f} s)")
-    print(f"{'update_step vs bare fwd+loss+bwd+AdamW':<44}{r['update_ms']:>9.1f}{r['bare_update_ms']:>9.1f}"
+    print(f"{'update_step_engineered vs bare fwd+loss+bwd+AdamW':<44}{r['update_ms']:>9.1f}{r['bare_update_ms']:>9.1f}"
           f"{r['update_overhead']:>8.3f}")
     print("(ms: medians; ratio: median of the per-repetition ratios ours / bare)")
     print(f"\n{'one round of the loop':<44}{'ms':>9}{'share':>9}{'tokens/s':>10}")
     rows = [("generation (generate_rollouts)", ms["generation"], f"{r['gen_tokens_per_s']:>10.0f}"),
-            ("training (update_step)", ms["update"], f"{r['train_tokens_per_s']:>10.0f}"),
+            ("training (update_step_engineered)", ms["update"], f"{r['train_tokens_per_s']:>10.0f}"),
             ("buffer.add", ms["add"], ""), ("buffer.sample", ms["sample"], ""),
             ("collate (measured apart, also in update)", ms["collate"], ""),
             ("buffer: add + sample + collate", ms["add"] + ms["sample"] + ms["collate"], ""),

@@ -1,22 +1,22 @@
-"""Where update_step's time goes beyond a bare training step, on one batch, with variants of the
+"""Where update_step_engineered's time goes beyond a bare training step, on one batch, with variants of the
 training forward's log-prob pass (the full-vocabulary work is what differs from the bare step).
 
     python benchmarks/update_profile.py          # on a GPU: a 0.5B-shaped model (bf16), 64 x (231 + 128) tokens
     SMALL=1 python benchmarks/update_profile.py  # a CPU check of the script with tiny shapes
 
 Prints the median ms of each variant over 7 repetitions, its ratio to the bare step, and a
-profile (CUDA time by op, host waits) of update_step and of the bare step. Variants:
+profile (CUDA time by op, host waits) of update_step_engineered and of the bare step. Variants:
   bare           forward, log_softmax + gather, mean loss, backward, AdamW (bench.py's bare step)
-  ours           update_step as it is
-  before         update_step with the earlier completion_logp: logits / T even at T = 1, and the
+  ours           update_step_engineered as it is
+  before         update_step_engineered with the earlier completion_logp: logits / T even at T = 1, and the
                  entropy's sum_v p_v z_v as a [B, C, V] product summed
-  no_entropy     update_step without the entropy metric: the floor of what the log-prob pass costs
+  no_entropy     update_step_engineered without the entropy metric: the floor of what the log-prob pass costs
   collate+copy   building the batch on the host and copying it to the device
 
 Measured on an H200 (2026-11-30, torch 2.11, transformers 5.17, peft 0.21), before this change,
 when "ours" was "before": bare 383.5 ms, before 418.2 (1.091), without the division and with the
 einsum 411.0 (1.068), no_entropy 401.4 (1.047), collate+copy 2.7 ms; CUDA kernel time 396.9 ms
-(update_step) vs 377.0 (bare): the overhead is mostly GPU work, not host waits.
+(update_step_engineered) vs 377.0 (bare): the overhead is mostly GPU work, not host waits.
 """
 import json
 import os
@@ -33,7 +33,7 @@ import replay_rl  # noqa: E402
 from bench import bare_step  # noqa: E402
 from buffer import Rollout, collate  # noqa: E402
 from demo_model import char_tokenizer  # noqa: E402
-from replay_rl import load_policy, update_step  # noqa: E402
+from replay_rl import load_policy, update_step_engineered  # noqa: E402
 
 small = os.environ.get("SMALL") == "1"
 dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,7 +56,7 @@ rollouts = [Rollout(torch.randint(2, cfg.vocab_size, (P,), generator=g),
                     reward=float(i % 2), advantage=float(i % 2) * 2 - 1, policy_version=0) for i in range(B)]
 params = [p for p in model.parameters() if p.requires_grad]
 opt, bare_opt = torch.optim.AdamW(params, lr=1e-5), torch.optim.AdamW(params, lr=1e-5)
-cols = {k: v.to(dev) for k, v in collate(rollouts, 0).items()}
+cols = collate(rollouts, 0, device=dev)
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
 
@@ -93,7 +93,7 @@ def ours(logp_fn=None):
         original = replay_rl.completion_logp
         replay_rl.completion_logp = logp_fn or original
         try:
-            return update_step(model, opt, rollouts, pad_id=0, policy_version=0)
+            return update_step_engineered(model, opt, rollouts, pad_id=0, policy_version=0)
         finally:
             replay_rl.completion_logp = original
     return step
@@ -108,7 +108,7 @@ def timed(fn):
 
 
 fns = {"bare": bare, "ours": ours(), "before": ours(before), "no_entropy": ours(no_entropy),
-       "collate+copy": lambda: {k: v.to(dev) for k, v in collate(rollouts, 0).items()}}
+       "collate+copy": lambda: collate(rollouts, 0, device=dev)}
 for fn in fns.values():
     fn(), fn()
 ms = {k: [] for k in fns}

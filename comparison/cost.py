@@ -11,7 +11,7 @@ one optimizer step against its batch B. compare.py projects each arm's time to t
 
 What it times is what train.py runs: rollout.generate_rollouts on R = P x G rollouts (P prompts of the
 task, G samples each, at the loop's temperature), the model loaded as train.py loads it (loading.load_model:
-dtype, LoRA, chat template); and replay_rl.update_step on B of those rollouts with train.py's defaults
+dtype, LoRA, chat template); and replay_rl.update_step_engineered on B of those rollouts with train.py's defaults
 (loss, cap, normalization, --micro-batch-size). Each point: the median of --repeats calls after one
 untimed warm-up call at that size (with the fast path, the warm-up compiles: its seconds are kept
 apart, first_call_s). Generation runs first at every size (plain, then --fast-generation where it
@@ -48,7 +48,7 @@ import distributed  # noqa: E402
 import loading  # noqa: E402
 import rollout  # noqa: E402
 from bench import timer  # noqa: E402  (benchmarks/bench.py)
-from replay_rl import update_step  # noqa: E402
+from replay_rl import update_step_engineered  # noqa: E402
 from report import quiet_libraries  # noqa: E402
 from train import Config  # noqa: E402
 
@@ -190,7 +190,7 @@ def main(argv=None) -> dict:
 
     def step(B: int):
         batch = rng.sample(pool, B)
-        update_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, policy_version=0, loss_type=cfg.loss,
+        update_step_engineered(model, optimizer, batch, pad_id=tokenizer.pad_token_id, policy_version=0, loss_type=cfg.loss,
                     is_cap=cfg.is_cap, epsilon=cfg.epsilon, normalization=cfg.normalization,
                     temperature=cfg.temperature, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
                     max_grad_norm=cfg.max_grad_norm)
@@ -215,7 +215,7 @@ def main(argv=None) -> dict:
                        + ("two copies of this measurement at once (--side-by-side), as compare.py runs two arms"
                           if args.side_by_side else "alone; compare.py runs two arms side by side (--jobs 2): "
                           "--side-by-side measures under that load")),
-        "seconds": "one round's generate_rollouts (R rollouts) / one update_step (B rollouts): median of repeats "
+        "seconds": "one round's generate_rollouts (R rollouts) / one update_step_engineered (B rollouts): median of repeats "
                    "after a warm-up call",
         "generation": generation, "training": training, "wall_seconds": time.time() - started,
     }
@@ -235,7 +235,7 @@ def print_table(r: dict) -> None:
           f"~{r['prompt_tokens_mean']:.0f} tokens), <= {r['max_new_tokens']} new tokens"
           f"{' (forced to the limit)' if r['force_length'] else ''}; {r['conditions']}")
     rows = [(f"generation ({mode})", "R", p) for mode, points in r["generation"].items() for p in points]
-    rows += [("training (update_step)", "B", p) for p in r["training"]]
+    rows += [("training (update_step_engineered)", "B", p) for p in r["training"]]
     print(f"{'':<24}{'size':>6}{'seconds':>10}{'ms / rollout':>14}{'tokens / rollout':>18}")
     for name, key, p in rows:
         if "seconds" not in p:

@@ -104,12 +104,12 @@ def new_round():
 
 
 rollouts, stats = new_round()
-for i, r in enumerate(rollouts[:2 * G]):     # the first two groups
+for i, rollout in enumerate(rollouts[:2 * G]):     # the first two groups
     if i % G == 0:
-        print(f"prompt {tokenizer.decode(r.prompt_ids)!r}  (answer {task.answers[tokenizer.decode(r.prompt_ids)]})")
-    print(f"    {tokenizer.decode(r.completion_ids, skip_special_tokens=True)!r:8} "
-          f"reward {r.reward:.0f}  advantage {r.advantage:+.3f}  "
-          f"log mu of its {len(r.behaviour_logp)} tokens {[round(x, 2) for x in r.behaviour_logp.tolist()]}")
+        print(f"prompt {tokenizer.decode(rollout.prompt_ids)!r}  (answer {task.answers[tokenizer.decode(rollout.prompt_ids)]})")
+    print(f"    {tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)!r:8} "
+          f"reward {rollout.reward:.0f}  advantage {rollout.advantage:+.3f}  "
+          f"log mu of its {len(rollout.behaviour_logp)} tokens {[round(x, 2) for x in rollout.behaviour_logp.tolist()]}")
 print(f"round: {R} rollouts, mean reward {stats['reward']:.3f}, groups with A = 0: {stats['zero_adv_frac']:.2f}")
 
 # %% [markdown]
@@ -135,7 +135,7 @@ first = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_tok
 step += 1
 print(f"update 1, on fresh rollouts only: is_ratio_mean {first['is_ratio_mean']:.6f}, age_max {first['age_max']:.0f}")
 buffer.add(new_round()[0])                   # the oldest round leaves (FIFO)
-ages = [step - r.policy_version for r in buffer.items]
+ages = [step - rollout.policy_version for rollout in buffer.items]
 print(f"buffer: {len(buffer)} rollouts, ages (oldest first): {ages.count(1)} x 1, then {ages.count(0)} x 0")
 
 # %% [markdown]
@@ -151,8 +151,8 @@ print(f"buffer: {len(buffer)} rollouts, ages (oldest first): {ages.count(1)} x 1
 from buffer import collate
 from replay_rl import completion_logp, policy_loss
 
-batch = buffer.sample(B)
-cols = collate(batch, tokenizer.pad_token_id, current_version=step)
+sampled = buffer.sample(B)
+cols = collate(sampled, tokenizer.pad_token_id, policy_version=step)
 with torch.no_grad():
     logp, _ = completion_logp(model, cols)
 mask = cols["completion_mask"].bool()
@@ -164,7 +164,7 @@ loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], col
 truncated = int((rho[mask] > C).sum())
 print(f"weights cut at C = {C}: {truncated} of {int(mask.sum())} tokens "
       f"(is_truncated_frac {metrics['is_truncated_frac']:.4f}); loss {loss:.4f}")
-second = update_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, policy_version=step)
+second = update_step(model, optimizer, sampled, pad_id=tokenizer.pad_token_id, policy_version=step)
 step += 1
 print(f"update 2: is_ratio_mean {second['is_ratio_mean']:.4f}, is_ratio_max {second['is_ratio_max']:.4f}, "
       f"truncated {second['is_truncated_frac']:.4f}, age_mean {second['age_mean']:.2f}")

@@ -48,26 +48,26 @@ def test_use_counts_and_ages():
     batch = buf.sample(2)
     batch = buf.sample(2)
     assert [r.uses for r in buf.items] == [2, 2]
-    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, current_version=5)
+    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, policy_version=5)
     assert cols["age"].tolist() == [5.0, 2.0]
 
 
-def test_collate_gives_ages_only_for_a_given_current_version_and_never_negative():
-    """A default current_version of 0 gave negative ages for rollouts of later policies: now the
+def test_collate_gives_ages_only_for_a_given_policy_version_and_never_negative():
+    """A default policy_version of 0 gave negative ages for rollouts of later policies: now the
     ages come only with the version, and a version older than a rollout's is refused."""
     rollouts = [make(0, version=3), make(1, version=4)]
     assert "age" not in collate(rollouts, pad_id=0)
-    assert collate(rollouts, pad_id=0, current_version=4)["age"].tolist() == [1.0, 0.0]
-    with pytest.raises(ValueError, match="current_version 3"):
-        collate(rollouts, pad_id=0, current_version=3)
+    assert collate(rollouts, pad_id=0, policy_version=4)["age"].tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="policy_version 3"):
+        collate(rollouts, pad_id=0, policy_version=3)
 
 
 def test_max_age_drops_stale_rollouts():
     buf = ReplayBuffer(capacity=10, max_age=2)
     buf.add([make(0, version=0), make(1, version=1), make(2, version=3)])
-    assert buf.drop_stale(current_version=3) == 1
+    assert buf.drop_stale(policy_version=3) == 1
     assert ids(buf.items) == [1, 2]                      # age 3 > 2 dropped; age 2 kept
-    assert buf.drop_stale(current_version=10) == 2
+    assert buf.drop_stale(policy_version=10) == 2
     assert len(buf) == 0
 
 
@@ -143,3 +143,22 @@ def test_skip_zero_advantage_stores_only_informative_rollouts():
     rollouts[2].advantage = 0.0
     buf.add(rollouts)
     assert ids(buf.items) == [0, 1, 3]
+
+
+def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
+    """collate gives the batch's T (the loss checks it); a batch of two temperatures raises; the
+    temperature survives state_dict, and a buffer saved before rollouts kept it takes the run's."""
+    import dataclasses
+    cool = [dataclasses.replace(make(i), temperature=0.7) for i in range(3)]
+    assert collate(cool, pad_id=0)["temperature"] == 0.7
+    with pytest.raises(ValueError, match=r"temperatures \[0.7, 1.0\] in one batch"):
+        collate(cool + [make(3)], pad_id=0)
+    buf = ReplayBuffer(capacity=4)
+    buf.add(cool)
+    state = buf.state_dict()
+    again = ReplayBuffer(capacity=4)
+    again.load_state_dict(state)
+    assert [r.temperature for r in again.items] == [0.7] * 3
+    old = {k: v for k, v in state.items() if k != "temperature"}
+    again.load_state_dict(old, temperature=0.5)
+    assert [r.temperature for r in again.items] == [0.5] * 3

@@ -300,7 +300,7 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
+    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
     assert m["skipped"] == 1 and not optimizer.state
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 
@@ -311,7 +311,7 @@ def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(replay_rl, "update_step", oom)
+    monkeypatch.setattr(replay_rl, "update_step_engineered", oom)
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
     msg = str(e.value.code)
@@ -325,7 +325,7 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
     flags = SMALL + ["--updates-per-round", "1", "--eval-every", "1", "--max-rounds", "4"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     train.main(flags + ["--output-dir", full])
-    real, calls = replay_rl.update_step, []
+    real, calls = replay_rl.update_step_engineered, []
 
     def interrupted_update(*a, **k):
         calls.append(1)
@@ -333,11 +333,11 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
             os.kill(os.getpid(), signal.SIGINT)        # arrives during round 2's only update
         return real(*a, **k)
 
-    monkeypatch.setattr(replay_rl, "update_step", interrupted_update)
+    monkeypatch.setattr(replay_rl, "update_step_engineered", interrupted_update)
     with pytest.raises(SystemExit) as e:
         train.main(flags + ["--output-dir", part])
     assert e.value.code == 128 + signal.SIGINT and checkpoint.find(part).endswith("checkpoint-2")
-    monkeypatch.setattr(replay_rl, "update_step", real)
+    monkeypatch.setattr(replay_rl, "update_step_engineered", real)
     train.main(["--resume", part, "--lr", "5e-4"])
 
     def lines(run):

@@ -27,10 +27,10 @@ def policy_and_rollouts(addition, dtype="float16"):
 
 
 def gradient(model, tok, rollouts, loss_scale, max_grad_norm=1e9, metrics=None):
-    """The gradient update_step leaves in p.grad (SGD at lr 0: the weights stay), clipped at
+    """The gradient update_step_engineered leaves in p.grad (SGD at lr 0: the weights stay), clipped at
     max_grad_norm (by default never); its metrics go into ``metrics``."""
     params = [p for p in model.parameters() if p.requires_grad]
-    m = replay_rl.update_step(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
+    m = replay_rl.update_step_engineered(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
                               policy_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
     (metrics if metrics is not None else {}).update(m)
     return torch.cat([p.grad.flatten() for p in params])
@@ -48,7 +48,7 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
     loss, _ = replay_rl.policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
     assert loss.dtype == torch.float32
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                               loss_scale=replay_rl.FP16_LOSS_SCALE)
     assert m["skipped"] == 0 and m["grad_norm"] > 0
     states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
@@ -57,7 +57,7 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
 
 def test_the_scaled_gradient_unscaled_is_the_gradient_of_the_loss(tiny_path, addition):
     """In float32 (where S = 2^10 is exact, so this shows where the division happens, not that it
-    helps; the next test does that): grad(S * L) / S from update_step equals autograd's grad(L) of
+    helps; the next test does that): grad(S * L) / S from update_step_engineered equals autograd's grad(L) of
     the loss that completion_logp and policy_loss give, and it is unscaled before clipping (the
     clipped gradient and the logged grad_norm are those of L, not of S * L)."""
     model, tok, rollouts = policy_and_rollouts(addition, "float32")

@@ -83,3 +83,18 @@ def test_each_harness_script_starts_from_its_path(script, monkeypatch, capsys, t
     with pytest.raises(SystemExit) as e:
         runpy.run_path(script, run_name="__main__")
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def function_lines(path: str, name: str) -> int:
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return fn.end_lineno - fn.lineno + 1
+
+
+def test_the_method_reads_short_and_the_loop_fits_in_400_lines():
+    """Issue 35's bounds: the plain loss and the plain update at most 40 lines each (the engineering
+    lives in update_step_engineered and the helpers), train.py at most 400, FastDecoding apart."""
+    assert function_lines("replay_rl.py", "policy_loss") <= 40
+    assert function_lines("replay_rl.py", "update_step") <= 40
+    assert len(open(os.path.join(ROOT, "train.py")).read().splitlines()) <= 400
+    assert "class FastDecoding" not in open(os.path.join(ROOT, "rollout.py")).read()

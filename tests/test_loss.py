@@ -151,7 +151,7 @@ def test_asymre_takes_reward_and_baseline_never_the_normalized_advantage():
 
 
 def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
-    """update_step passes each rollout's reward and group baseline to the asymre loss: its stored
+    """update_step_engineered passes each rollout's reward and group baseline to the asymre loss: its stored
     advantage, set to nonsense here, does not enter."""
     import replay_rl
     from buffer import collate
@@ -169,19 +169,26 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     mask = batch["completion_mask"]
     expected = -(coefficient[:, None] * logp * mask).sum() / mask.sum()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    m = replay_rl.update_step(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                               loss_type="asymre", asymre_tau=0.1)
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_readme_gives_policy_loss_line_range():
-    """The README's 'Copying' section names the lines of policy_loss: they must be the function."""
+    """The README names the lines to copy for the loss: policy_loss and the helpers it calls, from
+    its first line to the last helper's last, with nothing else in between."""
     import ast
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    first, last = map(int, re.search(r"`policy_loss` \(lines (\d+)-(\d+) of `replay_rl.py`\)",
+    first, last = map(int, re.search(r"`policy_loss` and its helpers \(lines (\d+)-(\d+) of `replay_rl.py`\)",
                                      open(os.path.join(root, "README.md")).read()).groups())
     source = open(os.path.join(root, "replay_rl.py")).read()
-    fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "policy_loss")
-    assert (fn.lineno, fn.end_lineno) == (first, last)
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    loss = functions["policy_loss"]
+    helpers = {c.func.id for c in ast.walk(loss) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+               and c.func.id in functions}
+    assert helpers == {"log_pi_coefficient", "masked_mean", "loss_metrics"}
+    inside = {name for name, fn in functions.items() if first <= fn.lineno and fn.end_lineno <= last}
+    assert loss.lineno == first and max(functions[h].end_lineno for h in helpers) == last
+    assert inside == helpers | {"policy_loss"}

@@ -1,10 +1,11 @@
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 import minimal
-from replay_rl import load_policy, update_step
+from replay_rl import load_policy, update_step, update_step_engineered
 from rollout import generate_rollouts
 
 
@@ -24,14 +25,14 @@ def stale_batch(tiny_path, addition):
 
 
 def both_steps(model, tokenizer, rollouts, max_grad_norm):
-    """One SGD step of minimal.update and one of replay_rl.update_step (what train.py calls, with
+    """One SGD step of minimal.update and one of replay_rl.update_step_engineered (what train.py calls, with
     train.py's defaults) from the same weights on the same batch: (metrics of each, the largest
     difference of the trained weights after the two steps, the largest move of one step)."""
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
     mine = minimal.update(ours, sgd(ours), rollouts, tokenizer.pad_token_id, max_grad_norm=max_grad_norm)
-    real = update_step(theirs, sgd(theirs), rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
-                       max_grad_norm=max_grad_norm)
+    real = update_step_engineered(theirs, sgd(theirs), rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
+                                  max_grad_norm=max_grad_norm)
     trained = [(a, b, c) for a, b, c in zip(ours.parameters(), theirs.parameters(), model.parameters())
                if a.requires_grad]
     return (mine, real, max((a - b).abs().max().item() for a, b, _ in trained),
@@ -99,6 +100,33 @@ def test_a_batch_larger_than_the_buffer_is_refused_before_any_model(monkeypatch)
         minimal.main(rounds=1)
 
 
+def test_a_round_larger_than_the_buffer_is_refused_before_any_model(monkeypatch):
+    """With R > N part of each round is evicted before it is ever sampled: generated for nothing."""
+    monkeypatch.setattr(minimal, "N", minimal.PROMPTS * minimal.G - 1)
+    monkeypatch.setattr(minimal, "B", minimal.N)
+    monkeypatch.setattr(minimal, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=f"R = {minimal.PROMPTS * minimal.G} > N = {minimal.N}: the oldest"):
+        minimal.main(rounds=1)
+
+
+def test_the_plain_update_is_the_engineered_one_in_micro_batches(stale_batch):
+    """replay_rl.update_step (one forward, the form a reader reads) and update_step_engineered in
+    micro-batches of 5 (the loss scaled by each one's share of the tokens) take the same step."""
+    model, tokenizer, rollouts = stale_batch
+    plain, engineered = copy.deepcopy(model), copy.deepcopy(model)
+    sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+    a = update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, max_grad_norm=1e3)
+    b = update_step_engineered(engineered, sgd(engineered), rollouts, pad_id=tokenizer.pad_token_id,
+                               policy_version=3, max_grad_norm=1e3, micro_batch_size=5)
+    for name in ("loss", "is_ratio_mean", "is_ratio_max", "is_truncated_frac", "approx_kl", "grad_norm"):
+        assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name
+    assert a["age_mean"] == b["age_mean"] == 3 and a["is_truncated_frac"] > 0
+    trained = [(p, q, r) for p, q, r in zip(plain.parameters(), engineered.parameters(), model.parameters())
+               if p.requires_grad]
+    assert max((p - q).abs().max().item() for p, q, _ in trained) < 1e-6
+    assert max((p - r).abs().max().item() for p, _, r in trained) > 1e-3      # a step at all
+
+
 def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_batch, monkeypatch):
     """mu was recorded at TEMPERATURE: the update's log pi_theta must be taken at it too, or rho != 1
     on fresh rollouts."""
@@ -107,6 +135,10 @@ def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_ba
     real = minimal.completion_logp
     monkeypatch.setattr(minimal, "completion_logp", lambda m, cols, *a: seen.append(a) or real(m, cols, *a))
     monkeypatch.setattr(minimal, "TEMPERATURE", 0.7)
-    minimal.update(copy.deepcopy(model), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0), rollouts,
-                   tokenizer.pad_token_id)
+    at_07 = [dataclasses.replace(rollout, temperature=0.7) for rollout in rollouts]
+    frozen = lambda: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    minimal.update(copy.deepcopy(model), frozen(), at_07, tokenizer.pad_token_id)
     assert seen == [(0.7,)]
+    # rollouts sampled at another temperature (generation's changed, the loss's not): one line
+    with pytest.raises(ValueError, match="sampled at temperature 1 but log pi_theta is taken at 0.7"):
+        minimal.update(copy.deepcopy(model), frozen(), rollouts, tokenizer.pad_token_id)

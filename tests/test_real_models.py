@@ -11,7 +11,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, P
 
 import demo_model
 from buffer import collate
-from replay_rl import completion_logp, load_policy, update_step
+from replay_rl import completion_logp, load_policy, update_step_engineered
 from rollout import generate_rollouts
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
@@ -83,7 +83,7 @@ def test_rollouts_update_lora_and_adapter_reloads(model_dirs, arch, tmp_path):
         # the log-probs recorded while sampling are those of a training forward on this architecture
         assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-4
         model.train()
-        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=step)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=step)
 
     params = dict(model.named_parameters())
     assert all(not torch.equal(params[n], before) for n, before in lora.items())
@@ -120,7 +120,7 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
     def lora_grads(model, rollouts, pad_id):
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step(model, optimizer, rollouts, pad_id=pad_id, policy_version=0)
+        update_step_engineered(model, optimizer, rollouts, pad_id=pad_id, policy_version=0)
         return {n: p.grad for n, p in model.named_parameters() if "lora_" in n}
 
     model, tokenizer = policy()
@@ -207,7 +207,7 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
                                             num_generations=4, max_new_tokens=6)
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0, micro_batch_size=4)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0, micro_batch_size=4)
         grads[checkpointing] = {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
     assert len(grads[True]) == 28 and all(g.abs().sum() > 0 for g in grads[True].values())
     for name, g in grads[False].items():

@@ -11,7 +11,7 @@ from rollout import generate_rollouts, group_advantages
 
 def test_group_advantages_by_hand():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]])
-    adv = group_advantages(rewards, eps=0.0)
+    adv = group_advantages(rewards, std_floor=0.0)
     s = math.sqrt(1 / 3)                     # sample std of [1, 0, 0, 1]: sqrt((4 * 0.25) / 3)
     assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / s)
     assert torch.equal(group_advantages(rewards)[1], torch.zeros(4))   # all equal: no signal
@@ -43,10 +43,15 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
     assert mask.sum() > len(rollouts)                          # real multi-token completions
     assert ((logp - batch["behaviour_logp"]).abs() * mask).max() < 1e-5
     assert stats["rollout_entropy"] == pytest.approx(((entropy * mask).sum() / mask.sum()).item(), abs=1e-5)
-    # a different temperature is a different distribution: the check above can fail
+    # a different temperature is a different distribution: the check above can fail ...
+    unmarked = {k: v for k, v in batch.items() if k != "temperature"}
     with torch.no_grad():
-        other, _ = completion_logp(model, batch, temperature * 2)
+        other, _ = completion_logp(model, unmarked, temperature * 2)
     assert ((other - batch["behaviour_logp"]).abs() * mask).max() > 1e-2
+    # ... so rollouts that record their T refuse a loss at another one, in one line
+    assert batch["temperature"] == temperature
+    with pytest.raises(ValueError, match=f"sampled at temperature {temperature:g} but log pi_theta is taken at"):
+        completion_logp(model, batch, temperature * 2)
 
 
 def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
@@ -113,8 +118,8 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
     one cache kept across rounds of the same shape."""
     from transformers import CompileConfig
 
-    from replay_rl import update_step
-    from rollout import FastDecoding
+    from replay_rl import update_step_engineered
+    from fast_decoding import FastDecoding
 
     torch.manual_seed(0)
     model, tokenizer = load_policy(tiny_path, lora_r=8)
@@ -134,7 +139,8 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
         assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, quick)) < 1e-5
-        loss = update_step(model, optimizer, quick, pad_id=tokenizer.pad_token_id, policy_version=round_)
+        loss = update_step_engineered(model, optimizer, quick, pad_id=tokenizer.pad_token_id, policy_version=round_,
+                                      temperature=1.5)
         assert loss["grad_norm"] > 0                    # the policy moved: the next round samples anew
     assert caches[0] is caches[1] and caches[2] is not caches[1]
     assert sorted(fast.caches) == [12, 16] and fast.length == 64     # 3 or 4 prompts x 4; rounded up to 64
