@@ -130,7 +130,7 @@ def sums_task(num_eval: int = 500, split_seed: int = 1234) -> Task:
     lenient reward, ``extract_answer``: '1,234' and '$12' read as numbers): 1.0 if that is a + b,
     else 0.0; a reply with no number scores 0, and one cut off at the token limit is graded on
     what it holds (never an exception). SmolLM2-135M-Instruct often answers at length ("To solve
-    this, we need to add 89 and 42. ..."). What RL makes of this grading is in the README: it
+    this, we need to add 89 and 42. ..."). What RL makes of this grading is in docs/usage.md: it
     rewards the right sum followed by any words without a number. The eval prompts are a fixed
     random 500 of the 8,100 pairs, disjoint from the training ones."""
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]

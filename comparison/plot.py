@@ -1,4 +1,4 @@
-"""Curves of runs: the signals README's "Reading a run" says to watch, drawn from metrics.jsonl.
+"""Curves of runs: the signals docs/usage.md's "Reading a run" says to watch, drawn from metrics.jsonl.
 
     python comparison/plot.py runs/X                           # runs/X/curves.png: one run, every health signal
     python comparison/plot.py runs/A runs/B -o overlay.png     # several runs: accuracy against tokens and seconds
@@ -283,7 +283,7 @@ def plot_run(run_dir: str, path: str | None = None):
 
 
 def expected_age_uses(cfg: dict) -> tuple[float, float] | None:
-    """README's expected (mean age, mean uses) of a batch's rollouts for plain FIFO replay with K = 1:
+    """The expected (mean age, mean uses) of a batch's rollouts for plain FIFO replay with K = 1:
     age ~ (N/R - 1)/2, uses ~ (1 + B/R)/2. None for other settings, or without the config."""
     try:
         R, N, B = cfg["prompts_per_round"] * cfg["num_generations"], cfg["buffer_size"], cfg["batch_size"]

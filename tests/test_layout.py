@@ -98,3 +98,29 @@ def test_the_method_reads_short_and_the_loop_fits_in_400_lines():
     assert function_lines("replay_rl.py", "update_step") <= 40
     assert len(open(os.path.join(ROOT, "train.py")).read().splitlines()) <= 400
     assert "class FastDecoding" not in open(os.path.join(ROOT, "rollout.py")).read()
+
+
+def readme_section(title: str) -> str:
+    text = open(os.path.join(ROOT, "README.md")).read()
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_is_short_with_a_reading_order_that_names_what_exists():
+    """At most 12,000 bytes; the results in at most 10 lines; each step of the reading order names
+    a file and functions or classes that are defined there (a rename that leaves it stale fails)."""
+    import re
+    assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 12_000
+    results = [line for line in readme_section("Does replay pay?").strip().splitlines() if line.strip()]
+    assert len(results) <= 10
+    order = " ".join(readme_section("Reading order").split("\n\n")[1].split())      # the numbered list
+    steps = re.findall(r"\d\. \*\*`(\w+\.py)`\*\*(.*?)(?= \d\. \*\*|$)", order)
+    assert [file for file, _ in steps] == ["minimal.py", "replay_rl.py", "rollout.py", "buffer.py", "train.py"]
+    checked = 0
+    for file, text in steps:
+        defined = {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, file)).read()))
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for name in re.findall(r"`(?:\w+\.)?(\w+)(?:\(\))?`", text):
+            if name != "generate":              # Hugging Face's method, which the recorder hooks into
+                assert name in defined, f"README reading order: {name} is not defined in {file}"
+                checked += 1
+    assert checked >= 10

@@ -215,7 +215,7 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
 
 
 def test_readme_adapter_snippet_runs_and_the_merged_model_answers_alike(model_dirs, tmp_path, capsys):
-    """The README's 'Use the adapter' code, run as written on a local chat model and a trained
+    """docs/usage.md's 'Use the adapter' code, run as written on a local chat model and a trained
     adapter: it prints a completion, and the merged model it saves gives the same greedy answer."""
     import os
     import re
@@ -228,17 +228,17 @@ def test_readme_adapter_snippet_runs_and_the_merged_model_answers_alike(model_di
     train.main(["--model", str(folder), "--task", "addition", "--output-dir", str(run), "--max-rounds", "1",
                 "--prompts-per-round", "2", "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8",
                 "--eval-prompts", "2", "--no-plot", "--no-progress", "--lr", "0.05"])
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    guide = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "usage.md")).read()
+    code = re.search(r"```python\n(.*?)```", guide, re.S).group(1)
     assert "PeftModel.from_pretrained" in code and "merge_and_unload" in code
     code = (code.replace("Qwen/Qwen2.5-0.5B-Instruct", str(folder)).replace("runs/RUN/adapter", str(run / "adapter"))
             .replace('"qwen-gsm8k"', repr(str(tmp_path / "merged"))).replace("max_new_tokens=256", "max_new_tokens=12")
             .replace("torch.bfloat16", "torch.float32"))      # float32: merging in bf16 could round an argmax over
     capsys.readouterr()
-    exec(compile(code, "README.md", "exec"), {})           # our own README's code, not model output
+    exec(compile(code, "docs/usage.md", "exec"), {})      # our own guide's code, not model output
     printed = capsys.readouterr().out
     assert printed.strip()
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     exec(compile(code.replace("model = PeftModel.from_pretrained(base,", "model = (lambda *a: merged)(base,")
-                 .split("model.merge_and_unload")[0], "README.md", "exec"), {"merged": merged})
+                 .split("model.merge_and_unload")[0], "docs/usage.md", "exec"), {"merged": merged})
     assert capsys.readouterr().out == printed              # the merged weights answer as base + adapter
