@@ -183,7 +183,7 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     if len(temperatures) > 1:
         raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: the loss "
                          "takes log pi_theta at one temperature, the one they were sampled at")
-    n = len(rollouts)
+    rows = len(rollouts)
     prompt_lens = torch.tensor([len(rollout.prompt_ids) for rollout in rollouts])
     completion_lens = torch.tensor([len(rollout.completion_ids) for rollout in rollouts])
     prompt_len, completion_len = int(prompt_lens.max()), int(completion_lens.max())
@@ -193,12 +193,12 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     column = torch.arange(prompt_len + completion_len)
     is_prompt = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
     is_completion = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
-    input_ids = torch.full((n, prompt_len + completion_len), pad_id, dtype=torch.long)
+    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
     input_ids[is_prompt] = torch.cat([rollout.prompt_ids for rollout in rollouts])
     input_ids[is_completion] = torch.cat([rollout.completion_ids for rollout in rollouts])
     attention_mask = (is_prompt | is_completion).long()
     completion_mask = is_completion[:, prompt_len:]
-    behaviour_logp = torch.zeros((n, completion_len))
+    behaviour_logp = torch.zeros((rows, completion_len))
     behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     cols = {

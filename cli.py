@@ -191,6 +191,16 @@ def config_problem(cfg) -> str | None:
     if cfg.report_to == "wandb" and not wandb_credentials():
         return ("--report-to wandb: not logged in to W&B; run `wandb login` once, or set "
                 "WANDB_MODE=offline (and `wandb sync` the run later)")
+    if cfg.eval_at_tokens:
+        try:
+            counts = token_counts(cfg.eval_at_tokens)
+        except ValueError:
+            counts = []
+        if not counts or counts != sorted(set(counts)) or counts[0] <= 0:
+            return (f"--eval-at-tokens {cfg.eval_at_tokens}: expected token counts > 0, comma-separated "
+                    "and ascending, e.g. 1000,2000,4000")
+        if cfg.eval_every_tokens:
+            return "--eval-at-tokens with --eval-every-tokens: give one grid of evals"
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
     if cfg.buffer_size < cfg.rollouts_per_round:
@@ -220,6 +230,20 @@ def config_problem(cfg) -> str | None:
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
     return None
+
+
+def token_counts(text: str) -> list[int]:
+    """--eval-at-tokens' counts: '1000, 2000,4000' -> [1000, 2000, 4000] (ValueError if not ints)."""
+    return [int(part) for part in text.split(",")]
+
+
+def next_eval_tokens(cfg, tokens: int) -> int:
+    """The token count of the next eval after ``tokens``: the next of --eval-at-tokens (none left:
+    never), else the next multiple of --eval-every-tokens (0 if neither is given)."""
+    if cfg.eval_at_tokens:
+        return next((t for t in token_counts(cfg.eval_at_tokens) if t > tokens), 2**62)
+    every = cfg.eval_every_tokens
+    return (tokens // every + 1) * every if every else 0
 
 
 def wandb_credentials() -> bool:

@@ -16,7 +16,8 @@ With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy
 -A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
 
 Read in this order: completion_logp (log pi_theta), policy_loss (the formulas above, with its
-helpers log_pi_coefficient, masked_mean, loss_metrics), update_step (one plain optimizer step).
+helpers log_pi_coefficient, masked_mean, loss_metrics), update_step (one plain optimizer step, its
+loss from batch_loss: log pi_theta, and with beta > 0 the reference's, then policy_loss).
 Below them, engineering that changes nothing of the method: update_step_engineered, the step
 train.py takes (micro-batches, torchrun, fp16 loss scaling, NaN skips, the batch's figures).
 """
@@ -135,19 +136,20 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     # the causal mask no other column depends on it.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=completion_len)
-    # z: the logits, divided by T; Z = sum_v exp(z_v) over the vocabulary v; p_v = exp(z_v) / Z.
+    # z: the logits (the README's z_t); u = z / T over the vocabulary v; Z = sum_v exp(u_v), the
+    # normalizer; p_v = exp(u_v) / Z, so log pi_theta(o_t) = u_{o_t} - log Z.
     # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
     # small matmul (on a GPU, with a 152k vocabulary, each was ~2% of a training step): no division
-    # when T = 1, and the entropy's sum_v p_v z_v as a batched dot product (einsum), without a
+    # when T = 1, and the entropy's sum_v p_v u_v as a batched dot product (einsum), without a
     # [batch, completion_len, vocab] product in between.
-    z = out.logits.float()                                           # [batch, completion_len, vocab]
+    u = out.logits.float()                                           # z, [batch, completion_len, vocab]
     if temperature != 1.0:
-        z = z / temperature
+        u = u / temperature
     tokens = cols["input_ids"][:, -completion_len:]
-    log_z = torch.logsumexp(z, dim=-1)                               # log Z, [batch, completion_len]
-    logp = z.gather(-1, tokens[..., None]).squeeze(-1) - log_z
-    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v z_v
-        entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(z, -1), z)
+    log_z = torch.logsumexp(u, dim=-1)                               # log Z, [batch, completion_len]
+    logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_z
+    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v u_v
+        entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
     return logp, entropy
 
 
@@ -160,7 +162,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     """The off-policy policy-gradient loss of the module docstring; returns (loss, metrics).
 
     logp, behaviour_logp, mask: [batch, completion_len];  advantage A: [batch], one per rollout.
-    asymre takes reward r and baseline V [batch] instead.  is_cap = C: the cap of the importance
+    asymre takes reward r and baseline V [batch] instead. coef: what multiplies log pi, A (tis, ppo)
+    or r - (V - tau) (asymre).  is_cap = C: the cap of the importance
     (is_) weight.  beta > 0: + beta * KL to the reference log-probs ref_logp [batch, completion_len],
     per token kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t).
     """
@@ -231,11 +234,11 @@ def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilo
         cut = rho.clamp(1 - epsilon, 1 + epsilon) * coef < rho * coef
     else:
         cut = torch.zeros_like(mask, dtype=torch.bool)
-    n = mask.sum().clamp(min=1)
-    metrics = {"is_ratio_mean": (rho * mask).sum() / n,
+    tokens = mask.sum().clamp(min=1)
+    metrics = {"is_ratio_mean": (rho * mask).sum() / tokens,
                "is_ratio_max": rho.masked_fill(mask == 0, 0).max(),
-               "is_truncated_frac": (cut.float() * mask).sum() / n,
-               "approx_kl": ((rho - 1 - log_rho.detach()) * mask).sum() / n}
+               "is_truncated_frac": (cut.float() * mask).sum() / tokens,
+               "approx_kl": ((rho - 1 - log_rho.detach()) * mask).sum() / tokens}
     if kl is not None:
         metrics["ref_kl"] = kl.detach()
     return metrics

@@ -121,16 +121,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], gen_len, dtype=torch.long))
     lengths = torch.clamp(first_eos + 1, max=gen_len)
     mask = torch.arange(gen_len)[None, :] < lengths[:, None]
-    n = lengths.tolist()
+    kept = lengths.tolist()                                          # tokens kept of each completion
 
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
-    texts = [tokenizer.decode(row[:k], skip_special_tokens=True) for row, k in zip(completions.tolist(), n)]
+    texts = [tokenizer.decode(row[:k], skip_special_tokens=True) for row, k in zip(completions.tolist(), kept)]
     rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
 
     # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
-    completion_ids = completions[mask].split(n)
-    behaviour_logp = token_logp[mask].split(n)
+    completion_ids = completions[mask].split(kept)
+    behaviour_logp = token_logp[mask].split(kept)
     prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
     baselines = rewards.view(-1, G).mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],

@@ -96,6 +96,8 @@ class Config:
                               "--eval-every-tokens)")
     eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple "
                                     "of this; 0 = off")
+    eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these counts "
+                                  "(comma-separated, ascending; e.g. denser early, to resolve a rise)")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
     progress: bool = opt(True, "show the progress bar and the start-up summary")
@@ -317,10 +319,9 @@ def log(run: Run, row: dict) -> None:
 def end_of_round(run: Run) -> None:
     """Eval when due, the progress bar, a checkpoint when due."""
     cfg, state = run.cfg, run.state
-    every = cfg.eval_every_tokens
-    if every:                                   # at fixed token counts: curves of runs line up
+    if cfg.eval_every_tokens or cfg.eval_at_tokens:     # at fixed token counts: curves of runs line up
         if state.gen_tokens >= state.next_eval_tokens:
-            state.next_eval_tokens = (state.gen_tokens // every + 1) * every
+            state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
             evaluate(run)
     elif state.round % cfg.eval_every == 0:
         evaluate(run)
@@ -377,8 +378,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
                           skip_zero_advantage=cfg.skip_zero_advantage)
-    state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cfg.eval_every_tokens,
-                      world_size=world)
+    state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cli.next_eval_tokens(cfg, 0), world_size=world)
     reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out, state)
     report.start(cfg, task, world)

@@ -205,7 +205,8 @@ import torch
 import transformers
 import tasks
 from replay_rl import load_policy
-from rollout import FastDecoding, generate_rollouts
+from fast_decoding import FastDecoding
+from rollout import generate_rollouts
 from train import Config
 
 start = time.time()
@@ -425,7 +426,7 @@ main() {
                 timeout -k 10 "$(budget 180)" "$PY" - "${bargs[@]}" >>"$O/bench.txt" 2>>"$O/bench_stderr.txt" <<'EOF'
 import os, runpy, sys
 sys.path.insert(0, os.getcwd())
-import rollout
+import fast_decoding
 
 
 class PlainDecoding:          # what generate_rollouts asks of a FastDecoding, giving plain generate
@@ -438,7 +439,7 @@ class PlainDecoding:          # what generate_rollouts asks of a FastDecoding, g
         return {}
 
 
-rollout.FastDecoding = PlainDecoding
+fast_decoding.FastDecoding = PlainDecoding
 print("gpu_check: FastDecoding replaced by plain generate (the fast_* figures compare plain with plain)")
 sys.argv = ["benchmarks/bench.py", *sys.argv[1:]]
 runpy.run_path("benchmarks/bench.py", run_name="__main__")

@@ -42,7 +42,10 @@ mean over the replicates), and the *fall after reach* of each arm (per replicate
 its first reach on, 0 if none is below; the mean over the replicates that reached): a verdict says
 whether a difference in tokens comes from the rise or from holding. The evals a rise spans (from
 the start to the first reach) say how finely the grid resolves it: when the fastest arm's rise
-spans fewer than 5, every verdict line says the token figures are too coarse to tell.
+spans fewer than 5, every verdict line says the token figures are too coarse to tell. A denser grid
+where the curves rise: --early-tokens T with --early-evals M puts M evals evenly up to T, then
+--evals from T to the budget (the runs get --eval-at-tokens; no interval may be shorter than a
+round's tokens, as one eval cannot stand for two points).
 
 Intervals: 90% bootstrap over replicates, --bootstrap draws. A draw takes replicate i of every arm
 together (they start from the same model with the same seed), recomputes the target and every arm's
@@ -162,11 +165,12 @@ def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
     cfg, evals, last = record["config"], record["evals"], record["last"]
     R, B = cfg["prompts_per_round"] * cfg["num_generations"], cfg["batch_size"]
     picks = [next(r for r in evals if r["gen_tokens"] >= g) for g in grid]
-    for a, b, g in zip(picks, picks[1:], grid[1:]):
+    for a, b, g, before in zip(picks, picks[1:], grid[1:], grid):
         if a is b:      # one eval would count twice in the smoothing (a lucky one could set the target)
             raise CompareError(f"{name}: the eval at {a['gen_tokens']:,} tokens stands for the grid points "
                                f"below and at {g:,}: one round generated more tokens than the eval interval "
-                               f"({grid[1] - grid[0]:,}); raise --budget-tokens or lower --evals")
+                               f"({g - before:,}); raise --budget-tokens or --early-tokens, or lower --evals "
+                               f"or --early-evals")
     tail = record["entropy_tail"]
     return {
         "tokens": [r["gen_tokens"] for r in picks],
@@ -549,11 +553,12 @@ def run_train(argv: list[str], out: str, env: dict | None = None) -> None:
 # Defaults of the flags whose parser default is None ("not given"): some apply only with another
 # flag, some --quick changes. A flag given keeps its value.
 DEFAULTS = dict(budget_tokens=450_000, seeds=5, eval_prompts=500, evals=15, bootstrap=2000, sweep_seeds=2,
-                keep_correct_frac=0.3)
+                keep_correct_frac=0.3, early_evals=10)
 QUICK = dict(budget_tokens=5_000, seeds=2, eval_prompts=100, evals=4, bootstrap=200)
 # train.py flags that --train-args may not hold although compare.py does not set them: why
 NOT_PASSED = {"resume": "compare.py starts its own runs",
-              "eval_every": "the runs evaluate at token thresholds instead (--evals)"}
+              "eval_every": "the runs evaluate at token thresholds instead (--evals)",
+              "eval_at_tokens": "the runs evaluate at compare.py's grid (--evals, --early-tokens)"}
 
 
 def build_parser() -> cli.OneLineParser:
@@ -593,7 +598,11 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--target-frac", type=float, default=1.0,
                    help="the target: on-policy's start + this part of its gain (1: its final accuracy; 0.9 "
                         "puts it on the rise of a curve that saturates)")
-    p.add_argument("--evals", type=int, help="eval points per run (default 15)")
+    p.add_argument("--evals", type=int, help="eval points per run (default 15); with --early-tokens, those after it")
+    p.add_argument("--early-tokens", type=int, default=0,
+                   help="a denser grid early: --early-evals evals up to this many generated tokens, then --evals "
+                        "to the budget (to resolve a rise the uniform grid crosses in 1-3 evals)")
+    p.add_argument("--early-evals", type=int, help="evals up to --early-tokens (default 10)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts per eval (default 500)")
     p.add_argument("--model", default="tiny", help="passed to train.py")
     p.add_argument("--task", default="addition", help="passed to train.py")
@@ -618,6 +627,8 @@ def parse(argv=None) -> argparse.Namespace:
         return args
     if args.sweep_seeds is not None and not args.sweep_lr:
         p.error(f"--sweep-seeds {args.sweep_seeds}: replicates of the lr sweep; give --sweep-lr LR LR ...")
+    if args.early_evals is not None and not args.early_tokens:
+        p.error(f"--early-evals {args.early_evals}: the evals up to --early-tokens; give --early-tokens")
     if args.keep_correct_frac is not None and "replay_pbr" not in args.arms:
         p.error(f"--keep-correct-frac {args.keep_correct_frac}: the delta of the replay_pbr arm, which "
                 "--arms does not run")
@@ -638,6 +649,9 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--target-frac {args.target_frac}: must be in (0, 1]")
     if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
         p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
+    if args.early_tokens and not (0 < args.early_tokens < args.budget_tokens and args.early_evals >= 1):
+        p.error(f"--early-tokens {args.early_tokens}: must be in (0, --budget-tokens {args.budget_tokens}), "
+                f"with --early-evals >= 1")
     if args.sweep_lr and args.one_model and args.model == "tiny":
         p.error(f"--sweep-lr with {'--quick (one model)' if args.quick else '--one-model'}: the sweep's "
                 "replicates would start from the reported runs' model, so it would not be held out")
@@ -675,9 +689,23 @@ def warm_start_seed(args, seed: int) -> int:
 
 
 def token_grid(args) -> list[int]:
-    """The generated-token thresholds every run evaluates at: 0, one interval, ..., the budget."""
-    interval = -(-args.budget_tokens // args.evals)                   # ceil: the last threshold is the budget
-    return [k * interval for k in range(args.evals)] + [args.budget_tokens]
+    """The generated-token thresholds every run evaluates at: 0, one interval, ..., the budget; with
+    --early-tokens T, --early-evals of them evenly up to T, then --evals evenly from T to the budget."""
+    start, grid = 0, []
+    for end, evals in ([(args.early_tokens, args.early_evals)] if args.early_tokens else []) + [
+            (args.budget_tokens, args.evals)]:
+        interval = -(-(end - start) // evals)                          # ceil: the last threshold is the end
+        grid += [start + k * interval for k in range(evals) if start + k * interval < end]
+        start = end
+    return grid + [args.budget_tokens]
+
+
+def eval_flags(grid: list[int]) -> list[str]:
+    """train.py's flags for evals at the grid's thresholds: a uniform grid as --eval-every-tokens (the
+    flag of the records before --early-tokens, so they still match), any other as --eval-at-tokens."""
+    if grid == [k * grid[1] for k in range(len(grid) - 1)] + [grid[-1]]:
+        return ["--eval-every-tokens", str(grid[1])]
+    return ["--eval-at-tokens", ",".join(map(str, grid[1:]))]
 
 
 def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
@@ -689,7 +717,7 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
     return arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac) + model + [
         "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
         "--num-generations", str(args.num_generations), "--max-gen-tokens", str(args.budget_tokens),
-        "--max-rounds", str(10**9), "--eval-every-tokens", str(token_grid(args)[1]),
+        "--max-rounds", str(10**9), *eval_flags(token_grid(args)),
         "--eval-prompts", str(args.eval_prompts), "--no-progress"]
 
 
@@ -964,8 +992,8 @@ def print_table(s: dict) -> None:
     elif s.get("rise"):
         r = s["rise"]
         print(f"the rise (start to first reach) of the fastest arm, {r['fastest_arm']}, spans {r['fastest_evals']} "
-              f"eval(s); {'enough' if r['resolved'] else 'fewer than'} {r['needed']} to resolve it"
-              + ("" if r["resolved"] else ": its token figures are coarse (more evals, or a smaller budget)"))
+              f"eval(s); {'at least' if r['resolved'] else 'fewer than'} the {r['needed']} that resolve it"
+              + ("" if r["resolved"] else ": its token figures are coarse (--early-tokens: a denser grid where it rises)"))
 
     def ratios(p: dict) -> str:
         lo, hi = p["time_ratio_ci"]

@@ -88,13 +88,16 @@ def compare_runs(monkeypatch):
 
 def fake_train(argv, out):
     """train.py's files for a constructed run of the flags in argv: one token a rollout, an eval whenever
-    the tokens cross a multiple of --eval-every-tokens and at the end, accuracy 0.1 + tokens / budget
+    the tokens cross a multiple of --eval-every-tokens (or a count of --eval-at-tokens) and at the end, accuracy 0.1 + tokens / budget
     (capped at 0.9), 0.1 s of generation and 0.05 s of training a round; 1% of the weights truncated
     and the largest ratio 1.6 every other step (else 1.5), mean ratios 1, 1.001, 1.002 in turn, ages
     of replay y = B/R (0 to y-1, mean (y-1)/2)."""
     flag = lambda name: int(float(argv[argv.index(name) + 1]))
     P, G, B = flag("--prompts-per-round"), flag("--num-generations"), flag("--batch-size")
-    budget, every = flag("--max-gen-tokens"), flag("--eval-every-tokens")
+    budget = flag("--max-gen-tokens")
+    counts = ([int(c) for c in argv[argv.index("--eval-at-tokens") + 1].split(",")] if "--eval-at-tokens" in argv
+              else None)
+    every = None if counts else flag("--eval-every-tokens")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"prompts_per_round": P, "num_generations": G, "batch_size": B}, f)
@@ -104,7 +107,7 @@ def fake_train(argv, out):
     while True:
         if tokens >= next_eval or tokens >= budget:
             rows.append({**counters(), "eval_accuracy": min(0.9, 0.1 + tokens / budget)})
-            next_eval = (tokens // every + 1) * every
+            next_eval = (tokens // every + 1) * every if every else min([c for c in counts if c > tokens] or [budget])
         if tokens >= budget:
             break
         rnd, tokens = rnd + 1, tokens + P * G

@@ -1,6 +1,7 @@
 import argparse
 import json
 import sys
+import types
 
 import pytest
 
@@ -399,7 +400,7 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 32, "num_generations": 8, "batch_size": 256}))
     assert compare.read_record(compare.run_record(str(tmp_path)), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
-    with pytest.raises(compare.CompareError, match="raise --budget-tokens or lower --evals"):
+    with pytest.raises(compare.CompareError, match="raise --budget-tokens or --early-tokens, or lower --evals"):
         compare.read_record(compare.run_record(str(tmp_path)), [0, 30_000, 60_000, 90_000])
 
 
@@ -535,3 +536,17 @@ def test_a_summary_where_no_replicate_set_touches_the_target_says_so():
     s = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000, 6000], {"on_policy": 1e-3, "replay": 1e-3})
     assert s["target_accuracy"] == pytest.approx(0.4) and s["rise"]["fastest_arm"] is None and not s["rise"]["resolved"]
     assert s["arms"]["replay"]["tokens_to_first_reach"] is None and compare.verdicts_that_disagree(s) == []
+
+
+def test_a_denser_grid_early_and_the_uniform_one_unchanged():
+    """--early-tokens puts --early-evals evals evenly up to it, then --evals to the budget, passed to the
+    runs as --eval-at-tokens; without it the grid and the flag are those of the records before it
+    (--eval-every-tokens), so a record whose flags did not change is still read, not run."""
+    ns = lambda **kw: types.SimpleNamespace(**{"early_tokens": 0, "early_evals": None, **kw})
+    uniform = compare.token_grid(ns(budget_tokens=40_000, evals=20))
+    assert uniform == list(range(0, 40_001, 2_000)) and compare.eval_flags(uniform) == ["--eval-every-tokens", "2000"]
+    odd = compare.token_grid(ns(budget_tokens=1_000, evals=3))          # ceil(1000 / 3) = 334: the end is the budget
+    assert odd == [0, 334, 668, 1_000] and compare.eval_flags(odd) == ["--eval-every-tokens", "334"]
+    early = compare.token_grid(ns(budget_tokens=40_000, evals=4, early_tokens=6_000, early_evals=6))
+    assert early == [0, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 14_500, 23_000, 31_500, 40_000]
+    assert compare.eval_flags(early) == ["--eval-at-tokens", "1000,2000,3000,4000,5000,6000,14500,23000,31500,40000"]

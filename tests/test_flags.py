@@ -89,6 +89,7 @@ max_rounds             | --max-rounds 3                 | config   | config   | 
 max_gen_tokens         | --max-gen-tokens 1000          | config   | config   | refused |
 eval_every             | --eval-every 5                 | config   | config   | refused | unless --eval-every-tokens
 eval_every_tokens      | --eval-every-tokens 1000       | config   | config   | refused |
+eval_at_tokens         | --eval-at-tokens 500,1000      | config   | config   | refused |
 eval_prompts           | --eval-prompts 50              | config   | config   | refused |
 device                 | --device cpu                   | config   | config   | config  |
 progress               | --no-progress                  | config   | config   | refused |
@@ -147,6 +148,13 @@ COMPARE = {
                      == pytest.approx(compare.target_accuracy(w.on_policy_runs, 0.9)))],
     "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
                and w.each("eval_every_tokens") == {w.summary["grid_tokens"][1]})],
+    "early_tokens": [("--early-tokens 2000 --early-evals 4",
+                      lambda w: w.summary["grid_tokens"][:5] == [0, 500, 1000, 1500, 2000]
+                      and len(w.summary["grid_tokens"]) == 4 + 3 + 1
+                      and w.each("eval_at_tokens") == {",".join(map(str, w.summary["grid_tokens"][1:]))}
+                      and w.each("eval_every_tokens") == {0}),
+                     ("--early-tokens 99999999", REFUSED)],
+    "early_evals": [("--early-evals 4", REFUSED)],          # without --early-tokens
     "eval_prompts": [("--eval-prompts 100", lambda w: w.each("eval_prompts") == {100})],
     "model": [("--model Qwen/Qwen2.5-0.5B-Instruct",
                lambda w: w.each("model") == {"Qwen/Qwen2.5-0.5B-Instruct"} and w.builds == [])],

@@ -181,8 +181,9 @@ def test_readme_gives_policy_loss_line_range():
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    first, last = map(int, re.search(r"`policy_loss` and its helpers \(lines (\d+)-(\d+) of `replay_rl.py`\)",
-                                     open(os.path.join(root, "README.md")).read()).groups())
+    readme = " ".join(open(os.path.join(root, "README.md")).read().split())
+    first, last = map(int, re.search(r"`policy_loss` and its helpers \(lines (\d+)-(\d+) of `replay_rl.py`, with "
+                                     r"`LOSS_TYPES` and `NORMALIZATIONS`", readme).groups())
     source = open(os.path.join(root, "replay_rl.py")).read()
     functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
     loss = functions["policy_loss"]
@@ -192,3 +193,7 @@ def test_readme_gives_policy_loss_line_range():
     inside = {name for name, fn in functions.items() if first <= fn.lineno and fn.end_lineno <= last}
     assert loss.lineno == first and max(functions[h].end_lineno for h in helpers) == last
     assert inside == helpers | {"policy_loss"}
+    # the helpers check names against the two tuples the README names with them, and nothing else of the module
+    names = {n.id for fn in [loss, *(functions[h] for h in helpers)] for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    assert names & {n.targets[0].id for n in ast.parse(source).body if isinstance(n, ast.Assign)} == {
+        "LOSS_TYPES", "NORMALIZATIONS"}

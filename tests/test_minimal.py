@@ -109,22 +109,34 @@ def test_a_round_larger_than_the_buffer_is_refused_before_any_model(monkeypatch)
         minimal.main(rounds=1)
 
 
-def test_the_plain_update_is_the_engineered_one_in_micro_batches(stale_batch):
+@pytest.mark.parametrize("loss_type, normalization, beta", [("tis", "token_mean", 0.0),
+                                                             ("ppo", "sequence_mean", 0.0),
+                                                             ("tis", "token_mean", 0.5)])
+def test_the_plain_update_is_the_engineered_one_in_micro_batches(stale_batch, loss_type, normalization, beta):
     """replay_rl.update_step (one forward, the form a reader reads) and update_step_engineered in
-    micro-batches of 5 (the loss scaled by each one's share of the tokens) take the same step."""
+    micro-batches of 5 (the loss scaled by each one's share of the tokens, or of the sequences)
+    take the same step, with the same figures: ppo's clipped count, the KL term with beta > 0."""
     model, tokenizer, rollouts = stale_batch
-    plain, engineered = copy.deepcopy(model), copy.deepcopy(model)
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
-    a = update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, max_grad_norm=1e3)
+    warm = dict(loss_type=loss_type, normalization=normalization, beta=beta, max_grad_norm=1e3)
+    if beta:            # one step first moves the adapter off the base, so that the KL term is not 0
+        model = copy.deepcopy(model)
+        update_step(model, sgd(model), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, **warm)
+    plain, engineered = copy.deepcopy(model), copy.deepcopy(model)
+    a = update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, **warm)
     b = update_step_engineered(engineered, sgd(engineered), rollouts, pad_id=tokenizer.pad_token_id,
-                               policy_version=3, max_grad_norm=1e3, micro_batch_size=5)
-    for name in ("loss", "is_ratio_mean", "is_ratio_max", "is_truncated_frac", "approx_kl", "grad_norm"):
+                               policy_version=3, micro_batch_size=5, **warm)
+    names = ["loss", "is_ratio_mean", "is_ratio_max", "is_truncated_frac", "approx_kl", "grad_norm"]
+    for name in names + (["ref_kl"] if beta else []):
         assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name
     assert a["age_mean"] == b["age_mean"] == 3 and a["is_truncated_frac"] > 0
+    assert not beta or a["ref_kl"] > 1e-6
     trained = [(p, q, r) for p, q, r in zip(plain.parameters(), engineered.parameters(), model.parameters())
                if p.requires_grad]
-    assert max((p - q).abs().max().item() for p, q, _ in trained) < 1e-6
-    assert max((p - r).abs().max().item() for p, _, r in trained) > 1e-3      # a step at all
+    moved = max((p - r).abs().max().item() for p, _, r in trained)
+    assert moved > 1e-3                                                        # a step at all
+    # the same step up to float32 rounding (with beta the step is large: relative to it)
+    assert max((p - q).abs().max().item() for p, q, _ in trained) < 1e-6 * max(1.0, moved)
 
 
 def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_batch, monkeypatch):

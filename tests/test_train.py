@@ -19,6 +19,10 @@ REQUIRED = {"step", "round", "gen_tokens", "reward", "entropy", "is_ratio_mean",
     (["--task", "sudoku"], "--task sudoku"),
     (["--task", "missing/file.jsonl"], "--task missing/file.jsonl"),
     (["--keep-correct-frac", "1.5"], "--keep-correct-frac 1.5"),
+    (["--eval-at-tokens", "300,200"], "--eval-at-tokens 300,200"),          # not ascending
+    (["--eval-at-tokens", "1k,2k"], "--eval-at-tokens 1k,2k"),
+    (["--eval-at-tokens", "0,100"], "--eval-at-tokens 0,100"),
+    (["--eval-at-tokens", "100", "--eval-every-tokens", "50"], "--eval-at-tokens with --eval-every-tokens"),
 ])
 def test_bad_config_stops_with_one_line_and_exit_2(args, field, capsys):
     start = time.time()
@@ -75,6 +79,21 @@ def test_replay_ratio_is_printed(tmp_path, capsys, tiny_path):
     # of 32: 96 trained on from 32 generated
     assert "rollouts: 32 generated, 96 trained on: each used 3.00 times on average" in out
     assert "saved" not in out and "% generating)" in out
+
+
+def test_evals_at_the_token_counts_given(tmp_path, tiny_path):
+    """--eval-at-tokens: one eval at the end of the first round whose tokens cross each count (two
+    counts crossed by one round: one eval), none in between, then the last eval at the end."""
+    import json
+    counts = [30, 60, 61, 200]
+    train.main(["--output-dir", str(tmp_path), "--max-rounds", "6", "--prompts-per-round", "4",
+                "--num-generations", "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20",
+                "--eval-at-tokens", ",".join(map(str, counts)), "--no-progress", "--no-plot"])
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rounds = {r["round"]: r["gen_tokens"] for r in rows if "eval_accuracy" not in r}      # tokens after each round
+    evals = [r["round"] for r in rows if "eval_accuracy" in r]
+    expected = sorted({min(k for k, tokens in rounds.items() if tokens >= c) for c in counts if c <= max(rounds.values())})
+    assert evals == [0] + sorted(set(expected) | {6}) and len(evals) < 8     # not every round
 
 
 def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
