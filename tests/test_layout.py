@@ -73,11 +73,13 @@ SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "comparison", "*.py")))
 def test_each_harness_script_starts_from_its_path(script, monkeypatch, capsys, tmp_path):
     """python comparison/X.py --help, as the docs run it, from another folder: its imports resolve."""
     monkeypatch.chdir(tmp_path)
-    # as a fresh process sees it: the script's folder, none of the repository's (the script adds them)
+    # as a fresh process sees it: the script's folder, none of the project's (the script adds them),
+    # nor the project's modules that other tests imported (a venv inside the clone, as CI's, stays)
+    ours = {os.path.realpath(os.path.join(ROOT, d)) for d in ("", "comparison", "benchmarks")}
     monkeypatch.setattr(sys, "path", [os.path.dirname(script)] + [p for p in sys.path
-                                                                  if p and not p.startswith(ROOT)])
-    for name, module in list(sys.modules.items()):        # nor what other tests imported from there
-        if (getattr(module, "__file__", None) or "").startswith(ROOT):
+                                                                  if p and os.path.realpath(p) not in ours])
+    for name, module in list(sys.modules.items()):
+        if os.path.dirname(os.path.realpath(getattr(module, "__file__", None) or "/")) in ours:
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(sys, "argv", [script, "--help"])
     with pytest.raises(SystemExit) as e:
