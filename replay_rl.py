@@ -168,7 +168,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     per token kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t).
     """
     coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)   # [batch, 1]
-    rho = torch.exp(logp - behaviour_logp)                           # rho_t, [batch, completion_len]
+    log_rho = logp - behaviour_logp
+    rho = torch.exp(log_rho)                                         # rho_t, [batch, completion_len]
     if loss_type == "tis":
         w = rho.detach().clamp(max=is_cap)                           # w_t = min(rho_t, C): no gradient
         per_token = -w * coef * logp
@@ -182,7 +183,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         d = ref_logp - logp
         kl = masked_mean(torch.exp(d) - d - 1, mask, normalization)
         loss = loss + beta * kl
-    return loss, loss_metrics(rho, logp - behaviour_logp, coef, mask, loss_type, is_cap, epsilon, kl)
+    return loss, loss_metrics(rho, log_rho, coef, mask, loss_type, is_cap, epsilon, kl)
 
 
 def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=None, asymre_tau: float = 0.1):

@@ -185,17 +185,22 @@ def metrics_problem(run_dir: str, length: int, round: int) -> str | None:
             "metrics.jsonl from the checkpoint on")
 
 
+def reset_peak_memory(model) -> None:
+    """On a GPU: start measuring a phase's peak memory afresh (peak_memory reads it). Nothing on a CPU."""
+    if next(model.parameters()).is_cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_memory(stats: dict, phase: str, model) -> None:
-    """On a GPU: the peak memory of a phase of the round in GB (2^30 bytes), the highest so far, into
-    stats: allocated by tensors (<phase>_peak_mem_gb), reserved by the allocator (<phase>_reserved_gb);
-    after "train", the round's peak_mem_gb. The peak is then reset, for the next phase ("start":
-    only that). Nothing on a CPU."""
+    """On a GPU: the peak memory of a phase of the round ("gen", "train") in GB (2^30 bytes), the
+    highest so far, into stats: allocated by tensors (<phase>_peak_mem_gb), reserved by the
+    allocator (<phase>_reserved_gb); after "train", the round's peak_mem_gb. Then the peak is reset,
+    for the next phase. Nothing on a CPU."""
     if not next(model.parameters()).is_cuda:
         return
-    if phase != "start":
-        for key, peak in ((f"{phase}_peak_mem_gb", torch.cuda.max_memory_allocated()),
-                          (f"{phase}_reserved_gb", torch.cuda.max_memory_reserved())):
-            stats[key] = max(stats.get(key, 0.0), peak / 2**30)
+    for key, peak in ((f"{phase}_peak_mem_gb", torch.cuda.max_memory_allocated()),
+                      (f"{phase}_reserved_gb", torch.cuda.max_memory_reserved())):
+        stats[key] = max(stats.get(key, 0.0), peak / 2**30)
     if phase == "train":
         stats["peak_mem_gb"] = max(stats.get("gen_peak_mem_gb", 0.0), stats["train_peak_mem_gb"])
     torch.cuda.reset_peak_memory_stats()

@@ -225,7 +225,7 @@ def generate_round(run: Run) -> None:
     # Every process draws the same prompts and takes its share: a prompt's G samples stay together.
     prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
     t0 = time.perf_counter()
-    report.peak_memory({}, "start", model)
+    report.reset_peak_memory(model)
     model.eval()
     errors_before = run.reward.errors
     rollouts, gen = rollout.generate_rollouts(
