@@ -142,7 +142,7 @@ def sums_task(num_eval: int = 500, split_seed: int = 1234) -> Task:
         return float(extract_answer(completion, "lenient") == answers[prompt])
 
     return Task(name="sums", train_prompts=prompts[num_eval:], eval_prompts=prompts[:num_eval], answers=answers,
-                reward=reward, max_new_tokens=48, max_rounds=30)
+                reward=reward, max_new_tokens=48, max_rounds=40)
 
 
 TASK_NAMES = ("addition", "addition3", "columns", "sums", "gsm8k")     # or a path to a .jsonl file

@@ -89,7 +89,7 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 30)")
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 40)")
     max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were generated; "
                                  "0 = none")
     eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "

@@ -718,7 +718,8 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
         "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
         "--num-generations", str(args.num_generations), "--max-gen-tokens", str(args.budget_tokens),
         "--max-rounds", str(10**9), *eval_flags(token_grid(args)),
-        "--eval-prompts", str(args.eval_prompts), "--no-progress"]
+        "--eval-prompts", str(args.eval_prompts), "--no-progress",
+        "--no-plot"]        # no curves.png a run (4 s of a quick run's 15): the comparison's plot has them all
 
 
 def compare(args) -> dict:

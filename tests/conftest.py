@@ -15,6 +15,17 @@ sys.path.insert(1, os.path.join(ROOT, "comparison"))     # the comparison harnes
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test of 10 s or more, started first")
+
+
+@pytest.hookimpl(trylast=True)          # after pytest's own reordering (by fixture scope)
+def pytest_collection_modifyitems(items):
+    """The slow tests first: under `pytest -n 2` the two workers share them out at the start and
+    end together, instead of one of them starting a 60 s test when the other is nearly done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)      # a stable sort
+
+
 @pytest.fixture(scope="session")
 def addition():
     import tasks

@@ -213,6 +213,7 @@ def run_script(code, env_extra=None, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     proc = run_script(f"import train; train.main({SMALL + ['--output-dir', run, '--max-rounds', '100000']!r})")
@@ -233,6 +234,7 @@ def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
     assert steps == list(range(1, len(steps) + 1)) and result["step"] > saved["step"]
 
 
+@pytest.mark.slow
 def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     # Die (SIGKILL, no cleanup) in the middle of writing the second checkpoint: after its adapter
@@ -318,6 +320,7 @@ def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
     assert "out of GPU memory" in msg and "--load-in-4bit" in msg and "--micro-batch-size" in msg
 
 
+@pytest.mark.slow
 def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, tiny_path, monkeypatch):
     """A signal during the last update of a round: the round's eval (and checkpoint) still happen
     before the exit, so the resumed run matches an uninterrupted one, eval lines included."""

@@ -103,6 +103,7 @@ def test_the_shipped_start_writes_well_formed_work_and_most_groups_are_mixed(col
     assert 34 <= stats["completion_len"] <= 40
 
 
+@pytest.mark.slow
 def test_the_demo_model_learns_to_carry_in_its_written_work(tmp_path):
     """The task's learning test: the default round (R = 128, B = N = 256, each rollout used twice)
     and the task's own completion length, 10 rounds instead of 50."""

@@ -209,6 +209,7 @@ def test_arms_follow_their_definitions():
     assert cn[-2:] == ["--skip-zero-advantage", "--no-reuse"]
 
 
+@pytest.mark.slow
 def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny_path, monkeypatch):
     # two arms (each run is a process of its own: the suite's slowest test); the control's flags are
     # checked in test_arms_follow_their_definitions

@@ -2,6 +2,7 @@
 the demo learning, an exact resume, and a refused resume with another number of processes."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ def torchrun(args, tmp_path, nproc=2, timeout=600):
     return done
 
 
+@pytest.mark.slow
 def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, addition):
     import replay_rl
     from buffer import ReplayBuffer
@@ -112,10 +114,18 @@ SMALL = ["--prompts-per-round", "8", "--num-generations", "4", "--buffer-size", 
          "--eval-prompts", "50", "--eval-every", "2", "--seed", "5", "--no-progress", "--no-plot"]
 
 
+@pytest.mark.slow
 def test_torchrun_demo_resumes_exactly_and_refuses_another_world_size(tmp_path, tiny_path, capsys):
+    """A two-process run stopped after its checkpoint-2 (the folder copied, its later checkpoint and
+    final files removed), resumed: metrics.jsonl is cut back to the checkpoint and goes on with the
+    uninterrupted run's lines."""
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    torchrun(["train.py", *SMALL, "--output-dir", full, "--max-rounds", "4"], tmp_path)
-    torchrun(["train.py", *SMALL, "--output-dir", part, "--max-rounds", "2"], tmp_path)
+    torchrun(["train.py", *SMALL, "--output-dir", full, "--max-rounds", "4", "--save-every", "2"], tmp_path)
+    shutil.copytree(full, part)
+    for name in os.listdir(part):
+        if name not in ("config.json", "metrics.jsonl", "checkpoint-2"):
+            (shutil.rmtree if os.path.isdir(os.path.join(part, name)) else os.remove)(os.path.join(part, name))
+    assert step_rows(part)[-1]["round"] == 4           # rounds 3 and 4, logged after the checkpoint: cut
     state = json.load(open(os.path.join(part, "checkpoint-2", "state.json")))
     assert state["state"]["world_size"] == 2 and json.load(open(os.path.join(full, "config.json")))["world_size"] == 2
     assert os.path.isfile(os.path.join(part, "checkpoint-2", "buffer-rank1.safetensors"))
@@ -146,6 +156,7 @@ def test_errors_every_rank_reaches_are_printed_once(tmp_path, tiny_path):
     assert done.stderr.count("saved by 1 process(es), resumed with 2") == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_demo_learns(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     # the default demo round (R = 128 new rollouts, B = N = 256: replay), split over the two processes.

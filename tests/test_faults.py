@@ -105,6 +105,7 @@ def wait_for(path, proc, seconds=120):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_reward_that_hangs_is_cut_off_by_the_timeout(tmp_path, tiny_path):
     flags = SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "1", "--max-rounds", "5"]
     proc = start(flags + ["--output-dir", str(tmp_path / "a")])
@@ -121,6 +122,7 @@ def test_a_reward_that_hangs_is_cut_off_by_the_timeout(tmp_path, tiny_path):
     assert last["reward_errors"] == 1
 
 
+@pytest.mark.slow
 def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--save-every", "1",
@@ -134,6 +136,7 @@ def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_pa
     assert last and f"did not finish within 2 s of SIGINT: exited without saving; the last checkpoint is {last}" in err
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_exits_at_once(tmp_path, tiny_path):
     proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--max-rounds", "100",
                           "--output-dir", str(tmp_path / "run")], REPLAY_RL_STOP_GRACE="600")

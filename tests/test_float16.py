@@ -95,6 +95,7 @@ def test_the_loss_scale_keeps_small_float16_gradients_from_underflowing(tiny_pat
     assert (plain == 0).sum() > 0 and (scaled == 0).sum() == 0 == (reference == 0).sum()
 
 
+@pytest.mark.slow
 def test_float16_run_learns_without_skipped_steps(tmp_path, tiny_path, capsys):
     """10 on-policy rounds of the demo in float16 (~20 s on one CPU core): measured 0.300 -> 0.88-0.90
     held-out accuracy on 200 prompts (seeds 0-2), no skipped step."""

@@ -26,6 +26,7 @@ def test_committed_notebook_is_its_py_twin_built_without_outputs():
     assert "REPO_URL = " in setup and "google.colab" in setup and '!= "torch"' in setup
 
 
+@pytest.mark.slow
 def test_notebook_runs_top_to_bottom_on_cpu(tmp_path, tiny_path, optional, monkeypatch):
     """Each teaching cell's figures, read back through a cell appended for the test, against
     what they must be: group advantages by hand, ages after the third round, rho = 1 on fresh

@@ -114,6 +114,7 @@ def run_script(code: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_smollm2_run_killed_and_resumed_goes_on_and_evaluate_reads_its_adapter(smollm2, tmp_path):
     """train.py --model smollm2 --task sums, SIGKILLed after its second checkpoint, resumed: the
     steps go on from the checkpoint without a gap or a repeat; evaluate.py scores its adapter as
@@ -125,7 +126,7 @@ def test_a_smollm2_run_killed_and_resumed_goes_on_and_evaluate_reads_its_adapter
     flags = ["--model", "smollm2", "--task", "sums", "--prompts-per-round", "2", "--num-generations", "2",
              "--batch-size", "4", "--buffer-size", "4", "--max-new-tokens", "12", "--eval-prompts", "4",
              "--eval-every", "100", "--save-every", "1", "--lr", "1e-3", "--seed", "5", "--no-progress",
-             "--no-plot"]
+             "--no-plot", "--no-skip-zero-advantage"]        # 12 tokens earn no reward: a step every round
     proc = run_script(f"import torch; torch.set_num_threads(1); import train; "
                       f"train.main({flags + ['--output-dir', run, '--max-rounds', '100']!r})")
     deadline = time.time() + 240
@@ -166,6 +167,7 @@ def test_sums_grades_the_last_number_of_a_reply():
     assert len(task.train_prompts) + len(task.eval_prompts) == 90 * 90
 
 
+@pytest.mark.slow
 def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(smollm2, tmp_path, capsys):
     """comparison/compare_smollm2.py at tiny settings: the GGUF cut into parts of at most 60 MB,
     joined and checked there, the three arms (one replicate each, to keep the suite short) run as
@@ -178,8 +180,8 @@ def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(
     out = str(tmp_path / "out")
     summary = compare_smollm2.main(["--gguf-parts", *reversed(parts), "--output-dir", out, "--seeds", "1",
                                     "--batch-size", "4", "--num-generations", "2",
-                                    "--budget-tokens", "48", "--evals", "3", "--eval-prompts", "2",
-                                    "--bootstrap", "50", "--train-args", "--max-new-tokens 4"])
+                                    "--budget-tokens", "24", "--evals", "3", "--eval-prompts", "2",
+                                    "--bootstrap", "50", "--train-args", "--max-new-tokens 2"])
     folder = smollm2[0]
     assert summary["model"] == folder                     # the joined parts are the same file: the cached model
     assert set(summary["arms"]) == {"on_policy", "replay", "control"}
@@ -199,10 +201,17 @@ def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(
 
 def test_model_smollm2_brings_its_own_defaults_for_the_flags_not_given():
     import train
-    cfg = train.parse_config(["--model", "smollm2", "--batch-size", "16", "--buffer-size", "16"])
-    assert (cfg.task, cfg.prompts_per_round, cfg.num_generations, cfg.lr, cfg.eval_prompts, cfg.eval_every) == \
-        ("sums", 4, 4, 5e-4, 100, 10)
-    assert (cfg.batch_size, cfg.buffer_size) == (16, 16)                  # given: kept
+    cfg = train.parse_config(["--model", "smollm2", "--batch-size", "8", "--buffer-size", "16"])
+    assert (cfg.task, cfg.prompts_per_round, cfg.num_generations, cfg.temperature, cfg.skip_zero_advantage,
+            cfg.lr, cfg.eval_prompts, cfg.eval_every) == ("sums", 4, 4, 0.7, True, 2.5e-4, 100, 10)
+    assert (cfg.batch_size, cfg.buffer_size) == (8, 16)                   # given: kept
+    assert train.parse_config(["--model", "smollm2"]).batch_size == 16
+    assert tasks.load_task("sums").max_rounds == 40 and cfg.max_rounds == 0           # the task's own
+    off = train.parse_config(["--model", "smollm2", "--no-skip-zero-advantage", "--temperature", "1"])
+    assert (off.skip_zero_advantage, off.temperature, off.batch_size) == (False, 1.0, 16)
+    # a default that a flag given rules out is left out, not refused: asymre trains on all-equal groups
+    asymre = train.parse_config(["--model", "smollm2", "--loss", "asymre"])
+    assert (asymre.loss, asymre.skip_zero_advantage, asymre.temperature) == ("asymre", False, 0.7)
     assert train.parse_config(["--model", "smollm2", "--task", "gsm8k", "--lr", "1e-5"]).task == "gsm8k"
     demo = train.parse_config([])
     assert (demo.model, demo.task, demo.batch_size, demo.lr) == ("tiny", "addition", 256, 1e-3)
@@ -244,3 +253,33 @@ def test_a_10_mb_question_beyond_the_context_is_refused_naming_its_row(smollm2, 
     assert err.startswith("error: --model smollm2: training prompt 2 of 9 ('Add these. word word")
     assert "tokens in the chat template: with 256 new tokens, more than the model's context of 8192; a shorter " \
            "prompt" in err
+
+
+def test_the_committed_cpu_runs_are_of_the_defaults_and_the_docs_state_their_figures():
+    """docs/results/smollm2_cpu_skip_zero/: each run's config is what `--model smollm2 --seed S` gives
+    today, its summary is recomputed from its metrics.jsonl, and the usage.md table and the README's
+    line hold those figures."""
+    import dataclasses
+
+    import train
+    folder = os.path.join(ROOT, "docs", "results", "smollm2_cpu_skip_zero")
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    finals = []
+    for seed in range(3):
+        run = os.path.join(folder, f"seed{seed}")
+        saved = json.load(open(os.path.join(run, "config.json")))
+        today = dataclasses.asdict(train.parse_config(["--model", "smollm2", "--seed", str(seed)]))
+        differ = {k for k in today if saved.get(k) != today[k]} - {"output_dir", "progress", "max_rounds"}
+        assert not differ and saved["max_rounds"] == tasks.load_task("sums").max_rounds, differ
+        rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+        evals = [(r["round"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+        stated = summary["seeds"][str(seed)]
+        assert [(e["round"], e["eval_accuracy"]) for e in stated["evals"]] == evals
+        assert stated["gain"] == pytest.approx(evals[-1][1] - evals[0][1]) and stated["gain"] >= 0.30
+        assert stated["wall_seconds"] < 15 * 60
+        cells = " | ".join(f"{acc:.2f}" for _, acc in evals)
+        assert f"| {seed} | {cells} | +{stated['gain']:.2f} |" in usage
+        finals.append(f"{evals[-1][1]:.2f}")
+    assert f"went from 0.15 to {finals[0]}, {finals[1]} and {finals[2]}" in readme
