@@ -44,8 +44,6 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, temperature=0.7,
                                   skip_zero_advantage=True, batch_size=16, buffer_size=32, lr=2.5e-4,
                                   eval_prompts=100, eval_every=10)}
-# Left out where a flag given rules them out: asymre trains on all-equal groups too.
-CONFLICTS = {"skip_zero_advantage": lambda cfg: cfg.loss == "asymre"}
 
 
 # At T = 0.01 a logit gap of 0.2 already gives the sampled token a probability of 1 - 2e-9: the
@@ -89,8 +87,10 @@ def parse(config_class, argv=None, description: str = ""):
     cfg = config_class(**vars(parser.parse_args(argv)))
     if not cfg.resume and cfg.model in MODEL_DEFAULTS:     # the flags not given: the model's own
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in MODEL_DEFAULTS[cfg.model].items()
-                                          if k not in given and not CONFLICTS.get(k, lambda c: False)(cfg)})
+        defaults = {k: v for k, v in MODEL_DEFAULTS[cfg.model].items() if k not in given}
+        if cfg.loss == "asymre":        # it trains on all-equal groups too (coefficient tau): no filter
+            defaults.pop("skip_zero_advantage", None)
+        cfg = dataclasses.replace(cfg, **defaults)
     saved = None
     if cfg.resume:
         saved = resume_point(cfg.resume, parser)
