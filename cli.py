@@ -37,10 +37,12 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 
 # A model's own defaults, for the flags not given. SmolLM2-135M on a CPU: its sums task, rounds of
 # 4 prompts x 4 sampled at temperature 0.7; only groups with a reward spread are stored (the others
-# have advantage 0 and would cost a step's time for no gradient), in a buffer of 32, and each update
-# takes 16 of them (replay); the task's 40 rounds, evals of 100 prompts every 10. On 2 cores: +0.35
-# to +0.42 in 11.5-14 min (docs/usage.md). A step of B = 256 (the demo's) would take minutes there.
-# python train.py --model smollm2 --help shows the demo's defaults; the start-up lines the ones in use.
+# have advantage 0: no gradient, but under token_mean they count in the denominator, so leaving them
+# out also makes each step larger), in a buffer of 32, and each update takes 16 of them (replay);
+# the task's 40 rounds, evals of 100 prompts every 10. On 2 cores: +0.35 to +0.42 at round 40 in
+# 11.5-14 min, one seed of three down to +0.07 at round 30 (docs/usage.md). A step of B = 256 (the
+# demo's) would take minutes there. python train.py --model smollm2 --help shows the demo's
+# defaults; the start-up lines the ones in use.
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, temperature=0.7,
                                   skip_zero_advantage=True, batch_size=16, buffer_size=32, lr=2.5e-4,
                                   eval_prompts=100, eval_every=10)}
@@ -88,8 +90,8 @@ def parse(config_class, argv=None, description: str = ""):
     if not cfg.resume and cfg.model in MODEL_DEFAULTS:     # the flags not given: the model's own
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
         defaults = {k: v for k, v in MODEL_DEFAULTS[cfg.model].items() if k not in given}
-        if cfg.loss == "asymre":        # it trains on all-equal groups too (coefficient tau): no filter
-            defaults.pop("skip_zero_advantage", None)
+        if cfg.loss == "asymre" or cfg.beta > 0:    # these train on all-equal groups too (asymre's
+            defaults.pop("skip_zero_advantage", None)  # coefficient tau, the KL term): no filter
         cfg = dataclasses.replace(cfg, **defaults)
     saved = None
     if cfg.resume:

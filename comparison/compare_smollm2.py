@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=0, help="runs at once; 0 = all of them (arms x seeds)")
     p.add_argument("--batch-size", type=int, default=64, help="B of the on-policy and replay arms")
     p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
-    p.add_argument("--lr", type=float, default=5e-4, help="every arm's learning rate (train.py --model smollm2's)")
+    p.add_argument("--lr", type=float, default=5e-4, help="every arm's learning rate (train.py --model smollm2's earlier default)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--budget-tokens", type=int, default=60_000, help="generated completion tokens per run")
     p.add_argument("--evals", type=int, default=10, help="evals per run, at the same token counts in every run")

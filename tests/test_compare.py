@@ -6,6 +6,7 @@ import types
 import pytest
 
 import compare
+import train
 from conftest import cost_file, fake_train
 
 
@@ -551,3 +552,18 @@ def test_a_denser_grid_early_and_the_uniform_one_unchanged():
     early = compare.token_grid(ns(budget_tokens=40_000, evals=4, early_tokens=6_000, early_evals=6))
     assert early == [0, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 14_500, 23_000, 31_500, 40_000]
     assert compare.eval_flags(early) == ["--eval-at-tokens", "1000,2000,3000,4000,5000,6000,14500,23000,31500,40000"]
+
+
+def test_a_models_own_defaults_do_not_reach_the_arms():
+    """compare.py --model smollm2: each arm's run gets train.py's temperature and no zero-advantage
+    filter (smollm2's own defaults would change them), unless the arm or --train-args sets them."""
+    args = compare.parse(["--model", "smollm2", "--arms", "on_policy", "replay_nonzero", "--output-dir", "/tmp/x"])
+    assert compare.plain_flags(args) == ["--no-skip-zero-advantage", "--temperature", "1.0"]
+    for arm, skip in (("on_policy", False), ("replay_nonzero", True)):
+        cfg = train.parse_config(compare.plain_flags(args) + compare.own_flags(args, arm, 0, 1e-3, "/tmp/x/r"))
+        assert (cfg.temperature, cfg.skip_zero_advantage) == (1.0, skip)
+    given = compare.parse(["--model", "smollm2", "--output-dir", "/tmp/x", "--train-args", "--temperature 0.7"])
+    cfg = train.parse_config(compare.plain_flags(given) + compare.own_flags(given, "replay", 0, 1e-3, "/tmp/x/r")
+                             + given.train_args)
+    assert cfg.temperature == 0.7
+    assert compare.plain_flags(compare.parse(["--output-dir", "/tmp/x"])) == []     # the tiny model: none

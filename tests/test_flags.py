@@ -93,7 +93,7 @@ eval_at_tokens         | --eval-at-tokens 500,1000      | config   | config   | 
 eval_prompts           | --eval-prompts 50              | config   | config   | refused |
 device                 | --device cpu                   | config   | config   | config  |
 progress               | --no-progress                  | config   | config   | refused |
-plot                   | --no-plot                      | config   | config   | refused |
+plot                   | --no-plot                      | config   | config   | config  |
 report_to              | --report-to tensorboard        | config   | config   | config  |
 dtype                  | --dtype float16                | config   | config   | config  |
 load_in_4bit           | --load-in-4bit                 | config   | refused  | config  |

@@ -212,6 +212,8 @@ def test_model_smollm2_brings_its_own_defaults_for_the_flags_not_given():
     # a default that a flag given rules out is left out, not refused: asymre trains on all-equal groups
     asymre = train.parse_config(["--model", "smollm2", "--loss", "asymre"])
     assert (asymre.loss, asymre.skip_zero_advantage, asymre.temperature) == ("asymre", False, 0.7)
+    kl = train.parse_config(["--model", "smollm2", "--beta", "0.1"])              # the KL term too
+    assert (kl.skip_zero_advantage, kl.batch_size) == (False, 16)
     assert train.parse_config(["--model", "smollm2", "--task", "gsm8k", "--lr", "1e-5"]).task == "gsm8k"
     demo = train.parse_config([])
     assert (demo.model, demo.task, demo.batch_size, demo.lr) == ("tiny", "addition", 256, 1e-3)
