@@ -217,7 +217,8 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
     cost = cost_file(tmp_path / "cost.json", lambda R: 0.001 * R, lambda B: 0.002 * B)
     records = tmp_path / "records"
     summary = compare.main(["--quick", "--output-dir", str(tmp_path / "out"), "--arms", "on_policy", "replay",
-                            "--cost", cost, "--records", str(records)])
+                            "--cost", cost, "--records", str(records),
+                            "--train-args=--no-plot"])     # no run's own curves.png: 4 s of its 15
     out = tmp_path / "out"
     on_disk = json.load(open(out / "summary.json"))
     assert on_disk["target_accuracy"] == summary["target_accuracy"]
@@ -256,7 +257,7 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
     # the comparison again, elsewhere, with the records: nothing runs, the same figures
     monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("a recorded run ran again"))
     again = compare.main(["--quick", "--output-dir", str(tmp_path / "again"), "--arms", "on_policy", "replay",
-                          "--cost", cost, "--records", str(records)])
+                          "--cost", cost, "--records", str(records), "--train-args=--no-plot"])
     assert again["arms"] == summary["arms"]
 
 

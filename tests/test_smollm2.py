@@ -181,7 +181,7 @@ def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(
     summary = compare_smollm2.main(["--gguf-parts", *reversed(parts), "--output-dir", out, "--seeds", "1",
                                     "--batch-size", "4", "--num-generations", "2",
                                     "--budget-tokens", "24", "--evals", "3", "--eval-prompts", "2",
-                                    "--bootstrap", "50", "--train-args", "--max-new-tokens 2"])
+                                    "--bootstrap", "50", "--train-args", "--max-new-tokens 2 --no-plot"])
     folder = smollm2[0]
     assert summary["model"] == folder                     # the joined parts are the same file: the cached model
     assert set(summary["arms"]) == {"on_policy", "replay", "control"}
