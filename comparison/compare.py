@@ -761,10 +761,12 @@ def compare(args) -> dict:
                 build_tiny_model(args.task, ws, steps)
                 built.add(ws)
 
+    plain = plain_flags(args)
+
     def run(arm: str, seed: int, lr: float, tag: str = "") -> dict:
         name = os.path.join(arm + tag, f"seed{seed}")
         out = os.path.join(args.output_dir, name)
-        argv = plain_flags(args) + own_flags(args, arm, seed, lr, out) + args.train_args
+        argv = plain + own_flags(args, arm, seed, lr, out) + args.train_args
         path = args.records and os.path.join(args.records, name + ".json")
         model = models[warm_start_seed(args, seed)]
         record = load_record(path, argv, model) if path else None
