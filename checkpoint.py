@@ -15,6 +15,7 @@ are unique (``new_run_dir``), and the process that writes a run folder holds its
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -49,19 +50,50 @@ class Damaged(Exception):
 
 
 def rounds(run_dir: str) -> list[int]:
-    """Rounds of a run folder's checkpoint-<round> folders, in order (not the temporary ones)."""
+    """Rounds of a run folder's checkpoint-<round> folders, in order (not the hidden ones)."""
     return sorted(int(m.group(1)) for d in os.listdir(run_dir)
                   if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
 
 
 def newest_first(path: str) -> list[str]:
-    """[path] if it is a checkpoint, else its complete checkpoint-<round> folders, newest first."""
+    """[path] if it is a checkpoint, else its complete checkpoint-<round> folders, newest first.
+    Never a hidden folder: a save that was killed while it swapped a round's folders is completed
+    first (``settle``)."""
+    if re.fullmatch(r"checkpoint-\d+", os.path.basename(path.rstrip("/"))):
+        settle(os.path.dirname(path.rstrip("/")) or ".")
     if os.path.isfile(os.path.join(path, "state.json")):
         return [path.rstrip("/")]
     if not os.path.isdir(path):
         return []
+    settle(path)
     return [os.path.join(path, f"checkpoint-{r}") for r in reversed(rounds(path))
             if os.path.isfile(os.path.join(path, f"checkpoint-{r}", "state.json"))]
+
+
+def settle(run_dir: str) -> None:
+    """Finish a save of a round already saved that was stopped within ``swap_in``. An
+    .old-checkpoint-R without checkpoint-R: stopped between the two renames, the new one whole in
+    .tmp-checkpoint-R (state.json is its last file); it is renamed in, as the save would have done
+    next (whichever of the two comes second finds nothing to move), and the old one removed. An
+    .old-checkpoint-R beside checkpoint-R, the new .tmp-checkpoint-R gone: left over, removed."""
+    if not os.path.isdir(run_dir):
+        return
+    for name in os.listdir(run_dir):
+        if not (m := re.fullmatch(r"\.old-checkpoint-(\d+)", name)):
+            continue
+        final = os.path.join(run_dir, f"checkpoint-{m.group(1)}")
+        new = os.path.join(run_dir, f".tmp-checkpoint-{m.group(1)}")
+        if os.path.exists(final):
+            if not os.path.exists(new):
+                shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+            continue
+        if not os.path.isfile(os.path.join(new, "state.json")):
+            continue
+        try:
+            os.replace(new, final)
+        except OSError:                 # done by another process, or a folder we may not write
+            continue
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
 
 
 def find(path: str) -> str | None:
@@ -116,10 +148,12 @@ def read(path: str) -> Checkpoint:
 
 def upgraded(state: dict, config: dict) -> dict:
     """A loop state as state.json holds it, with the fields that older checkpoints lack: the
-    batch size of the round, the rollouts trained so far (B per step), zero lapsed updates and
-    eval reward errors, one process."""
-    B = config["batch_size"]
+    batch size of the round, the rollouts generated (R per round), stored (all of them: exact
+    without --skip-zero-advantage) and trained so far (B per step), zero lapsed updates and eval
+    reward errors, one process."""
+    B, R = config["batch_size"], config.get("prompts_per_round", 0) * config.get("num_generations", 0)
     return {"round_batch_size": B, "rollouts_trained": state["step"] * B, "lapsed_updates": 0,
+            "rollouts_generated": state["round"] * R, "rollouts_stored": state["round"] * R,
             "eval_reward_errors": 0, "world_size": 1, **state}
 
 
@@ -133,51 +167,134 @@ def newest_readable(run_dir: str) -> Checkpoint | None:
     return None
 
 
+DISK_FULL = "the disk is full"
+QUOTA = "the disk quota is exceeded"
+FILE_SIZE_LIMIT = "the file size limit is reached"
+
+
 class DiskFull(Exception):
-    """A write that failed for want of space (ENOSPC, EDQUOT): ``path`` the file, ``run_dir`` its
-    run folder. train.py turns it into one line (``disk_full_message``)."""
+    """A write stopped by a limit of the file system (``no_space``): ``path`` the file, ``run_dir``
+    its run folder, ``reason`` which limit. train.py makes it one line (``disk_full_message``)."""
 
-    def __init__(self, run_dir: str, path: str):
+    def __init__(self, run_dir: str, path: str, reason: str = DISK_FULL):
         super().__init__(path)
-        self.run_dir, self.path = run_dir, path
+        self.run_dir, self.path, self.reason = run_dir, path, reason
 
 
-def no_space(e: BaseException | None) -> bool:
-    """Whether an exception, or one in its chain, is a full disk or quota: torch.save reports one as
-    a RuntimeError ('unexpected pos ...') raised while handling the OSError, safetensors in words."""
-    seen = set()
+def no_space(e: BaseException | None, path: str | None = None) -> str | None:
+    """Which limit stopped a write, if one did (DISK_FULL, QUOTA or FILE_SIZE_LIMIT), else None.
+    From the exception's chain: an OSError's errno, or its words (safetensors reports in words).
+    torch.save reports any failed write as a bare RuntimeError ('basic_ios::clear: iostream
+    error', 'unexpected pos ...'), so an OSError or a RuntimeError is also judged by ``path``, the
+    file or folder being written, looked at before anything is removed: its file system (almost)
+    out of space or inodes (a write that ran out used up what was left), or a file there as large
+    as this process may write (RLIMIT_FSIZE: `ulimit -f`)."""
+    raised, seen = e, set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
-            return True
+        code, words = getattr(e, "errno", None), str(e)
+        if code == errno.ENOSPC or "No space left on device" in words:
+            return DISK_FULL
+        if code == errno.EDQUOT or "Disk quota exceeded" in words:
+            return QUOTA
+        if code == errno.EFBIG or "File too large" in words:
+            return FILE_SIZE_LIMIT
         e = e.__cause__ or e.__context__
-    return False
+    if path is None or not isinstance(raised, (OSError, RuntimeError)):
+        return None
+    try:
+        if nearly_full(path):
+            return DISK_FULL
+        if at_file_size_limit(path):
+            return FILE_SIZE_LIMIT
+    except OSError:                     # the folder gone, say: no judgement, the error as it was
+        pass
+    return None
+
+
+def nearest_existing(path: str) -> str:
+    """path, or the nearest folder above it that exists."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def nearly_full(path: str) -> bool:
+    """Whether the file system that holds path has no inode left, or (almost) no space: under
+    16 MiB and under 5% of its size. A write that ran out of space used up what was left (the
+    margin: what a file system may keep back when it refuses a write)."""
+    if not hasattr(os, "statvfs"):     # Windows
+        return False
+    disk = os.statvfs(nearest_existing(path))
+    if disk.f_files and disk.f_favail == 0:
+        return True
+    free = disk.f_bavail * disk.f_frsize
+    return free < min(16 << 20, disk.f_blocks * disk.f_frsize / 20)
+
+
+def file_size_limit() -> int | None:
+    """The most bytes a file of this process may hold (RLIMIT_FSIZE, `ulimit -f`), or None."""
+    try:
+        import resource
+    except ImportError:                 # Windows
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def at_file_size_limit(path: str) -> bool:
+    """Whether a file at path (or in the folder path) has reached file_size_limit()."""
+    limit = file_size_limit()
+    if limit is None or not os.path.exists(path):
+        return False
+    files = ([path] if os.path.isfile(path) else
+             [os.path.join(d, f) for d, _, names in os.walk(path) for f in names])
+    return any(os.path.getsize(f) >= limit for f in files)
+
+
+def limit_in_words(reason: str, folder: str) -> tuple[str, str]:
+    """(where the limit is, what lifts it) for a write that ``reason`` stopped in ``folder``:
+    ('no space left on the disk mounted at /data, which holds /data/run', 'free space')."""
+    mount = os.path.realpath(nearest_existing(folder))
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    if reason == FILE_SIZE_LIMIT:
+        if (limit := file_size_limit()) is not None:
+            return f"this process may write no file over {limit} bytes", "raise it (ulimit -f)"
+        return f"the disk mounted at {mount} takes no larger file", "use another disk"
+    left = "quota" if reason == QUOTA else "space"
+    return f"no {left} left on the disk mounted at {mount}, which holds {folder}", "free space"
 
 
 def disk_full_message(e: DiskFull) -> str:
-    """One line: the file, the folder, the last checkpoint (intact) and how to go on."""
+    """One line: the limit, the file, the disk, the last checkpoint (intact) and how to go on."""
+    where, fix = limit_in_words(e.reason, e.run_dir)
     last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
-    then = (f"the last checkpoint, {last}, is intact: free space, then "
-            f"{distributed.command(f'train.py --resume {e.run_dir}')}" if last else
-            "no checkpoint had been saved: free space and start the run again")
-    return f"the disk is full: {e.path} could not be written (no space left where {e.run_dir} is); {then}"
+    resume = distributed.command(f"train.py --resume {e.run_dir}")
+    then = (f"the last checkpoint, {last}, is intact: {fix}, then {resume}" if last else
+            f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
+            if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
+            f"nothing of the run was saved yet: {fix} and start it again")
+    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
 
 
 @contextlib.contextmanager
 def full_disk_as_one_line(run_dir: str, path, cleanup: str | None = None):
-    """Within this block a full disk raises DiskFull(run_dir, path) (path: a string, or a function
-    that gives the file being written when it failed), after removing ``cleanup`` (a half-written
-    folder); other errors pass unchanged."""
+    """Within this block a write stopped by a full disk, a quota or the file size limit (no_space)
+    raises DiskFull(run_dir, path) (path: a string, or a function that gives the file being
+    written when it failed), after removing ``cleanup`` (a half-written folder); other errors pass
+    unchanged."""
     try:
         yield
     except Exception as e:
-        if not no_space(e):
+        file = path() if callable(path) else path
+        reason = no_space(e, file)
+        if not reason:
             raise
         if cleanup:
             shutil.rmtree(cleanup, ignore_errors=True)
-        raise DiskFull(run_dir, path() if callable(path) else path) from None
+        raise DiskFull(run_dir, file, reason) from None
 
 
 def write_json(path: str, obj, indent: int | None = None) -> None:
@@ -193,18 +310,39 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
             os.remove(tmp)
 
 
+def swap_in(new: str, final: str, old: str) -> None:
+    """The complete folder ``new`` renamed to ``final``; a folder already there is first renamed
+    to ``old``, then removed: no moment without one of the two complete (a folder cannot be
+    renamed over another that is not empty). A stop between the two renames leaves ``old`` and
+    ``new``, both whole (``settle`` puts checkpoints in place)."""
+    if os.path.exists(final):
+        os.replace(final, old)
+    try:
+        os.replace(new, final)
+    except FileNotFoundError:           # settle, in another process, renamed it in
+        if not os.path.isdir(final):
+            raise
+    except OSError:                     # the rename failed: the old one back in its place
+        if os.path.isdir(old) and not os.path.exists(final):
+            os.replace(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
-    first, state.json last, then one rename. A crash mid-write leaves the older checkpoints intact;
-    a full disk removes the half-written one and raises DiskFull naming the file it was writing.
-    Every rank calls it (each writes its buffer shard and RNG state). state: the loop state (its
-    round names the folder); config: the run's (keep_checkpoints: how many stay); rng: the prompt
-    stream."""
+    first, state.json last, then renamed in (``swap_in``: a round saved again replaces its folder
+    only once the new one is whole). A crash or a kill at any moment leaves a complete checkpoint
+    that ``find`` returns; a full disk (or another limit: no_space) removes the half-written one
+    and raises DiskFull naming the file it was writing. Every rank calls it (each writes its
+    buffer shard and RNG state). state: the loop state (its round names the folder); config: the
+    run's (keep_checkpoints: how many stay); rng: the prompt stream."""
     from safetensors.torch import save_file
 
     round = state["round"]
     final = os.path.join(run_dir, f"checkpoint-{round}")
     tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
+    old = os.path.join(run_dir, f".old-checkpoint-{round}")
     current = tmp                       # the file being written
 
     def to(name: str) -> str:
@@ -213,8 +351,10 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
         return current
 
     with full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
-        if distributed.is_main():
+        if distributed.is_main():       # what a killed save left (this process holds the lock)
+            settle(run_dir)
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
             os.makedirs(tmp)
         distributed.barrier()
         save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
@@ -225,10 +365,9 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
             torch.save(optimizer.state_dict(), to("optimizer.pt"))
             with open(to("state.json"), "w") as f:
                 json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            swap_in(tmp, final, old)
             for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
-                shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"), ignore_errors=True)
+                remove_round(run_dir, r)
     distributed.barrier()
     return final
 
@@ -276,11 +415,24 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     rng.setstate((version, tuple(internal), gauss))
 
 
+def remove_round(run_dir: str, round: int) -> None:
+    """A round's checkpoint folder, and what a killed save of it left."""
+    for name in (f"checkpoint-{round}", f".tmp-checkpoint-{round}", f".old-checkpoint-{round}"):
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+
+
 def save_adapter(model, folder: str) -> None:
-    """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0."""
+    """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0, whole
+    or not at all: into .tmp-<name> beside it, then renamed in (swap_in); a full disk removes the
+    half-written one and raises DiskFull."""
     if distributed.is_main():
-        with full_disk_as_one_line(os.path.dirname(folder), folder):
-            model.save_pretrained(folder)
+        parent, name = os.path.split(folder.rstrip("/"))
+        tmp, old = os.path.join(parent, f".tmp-{name}"), os.path.join(parent, f".old-{name}")
+        with full_disk_as_one_line(parent, tmp, cleanup=tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+            model.save_pretrained(tmp)
+            swap_in(tmp, folder, old)
 
 
 def load_adapter(model, folder: str) -> None:
@@ -300,9 +452,10 @@ def load_adapter(model, folder: str) -> None:
 def drop_after(run_dir: str, round: int) -> None:
     """Delete the checkpoints after ``round``: resuming from an earlier one abandons them."""
     if distributed.is_main():
-        for r in rounds(run_dir):
-            if r > round:
-                shutil.rmtree(os.path.join(run_dir, f"checkpoint-{r}"))
+        for name in os.listdir(run_dir):
+            m = re.fullmatch(r"(\.tmp-|\.old-)?checkpoint-(\d+)", name)
+            if m and int(m.group(2)) > round:
+                remove_round(run_dir, int(m.group(2)))
 
 
 # ---- the run folder: one run's, written by one process at a time ------------------------------
@@ -310,7 +463,8 @@ def holds_run(run_dir: str) -> bool:
     """Whether a folder holds a run's files: its config, its metrics or a checkpoint."""
     if not os.path.isdir(run_dir):
         return False
-    return any(name in ("config.json", "metrics.jsonl") or re.fullmatch(r"(\.tmp-)?checkpoint-\d+", name)
+    return any(name in ("config.json", "metrics.jsonl")
+               or re.fullmatch(r"(\.tmp-|\.old-)?checkpoint-\d+", name)
                for name in os.listdir(run_dir))
 
 
@@ -333,39 +487,42 @@ class RunFolderBusy(Exception):
     """Another live process holds the folder's lock; the message is one line."""
 
 
-_locks: dict[str, object] = {}          # lock file -> its open, locked file (this process)
+_locks: dict[str, int] = {}             # lock file -> its open, locked descriptor (this process)
 
 
 def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a resume in progress",
                 other: str = "--output-dir") -> None:
     """Take the lock folder/name (an OS file lock) for as long as this process writes there; raises
     RunFolderBusy, naming the holder's pid, ``what`` it does and the flag ``other`` that picks
-    another place, if another process holds it. The OS releases it on every exit, a crash or SIGKILL
-    included, so a lock is never stale: the file that stays names the last process that held it,
-    nothing more. train.py locks its run folder (.lock), compare.py its comparison folder, evaluate.py
-    the file it writes (.eval.json.lock). Rank 0 alone (the others write no run files). Without
-    fcntl (Windows) there is no lock."""
+    another place, if another process holds it (DiskFull if the lock file cannot be written). A
+    POSIX record lock (lockf): the OS releases it when this process ends, however it ends (a crash,
+    SIGKILL), even while processes it forked live on (they do not inherit it), so a lock is never
+    stale: the file that stays names the last process that held it, nothing more. Such a lock also
+    ends when this process closes any descriptor of the lock file, so the one opened here stays
+    open and the file is opened nowhere else. train.py locks its run folder (.lock), compare.py its
+    comparison folder, evaluate.py the file it writes (.eval.json.lock). Rank 0 alone (the others
+    write no run files). Without fcntl (Windows) there is no lock."""
     try:
         import fcntl
     except ImportError:
         return
-    path = os.path.join(folder, name)
+    path = os.path.realpath(os.path.join(folder, name))
     if not distributed.is_main() or path in _locks:
         return
-    os.makedirs(folder, exist_ok=True)
-    f = open(path, "a+")
+    with full_disk_as_one_line(folder, path):
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
+        holder = os.read(fd, 100).decode(errors="replace").strip() or "another process"
+        os.close(fd)
         raise RunFolderBusy(f"{folder} is being written by {holder} ({what}): wait for it to end, "
                             f"or use another {other}") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    _locks[path] = f
+    _locks[path] = fd
+    with full_disk_as_one_line(folder, path):   # unbuffered: nothing is left to flush at exit
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
 
 
 def claim_run_folder(output_dir: str) -> str:
@@ -390,13 +547,35 @@ def lock_run(run_dir: str) -> None:
 def unlock_runs() -> None:
     """Release this process's folder locks (a run in this process ended)."""
     while _locks:
-        _locks.popitem()[1].close()
+        os.close(_locks.popitem()[1])
+
+
+class Interrupted(BaseException):
+    """A generation or an eval cut short by the first Ctrl-C / SIGTERM (StopRequest.abortable).
+    The loop puts back what it held before that phase and saves: a resume does it again. A
+    BaseException, so that a reward's ``except Exception`` cannot swallow it."""
+
+
+def how_to_go_on(run_dir: str | None) -> str:
+    """How a run that stopped without saving goes on, in words: from its last checkpoint, or (none
+    yet) started again from its config, each by one command."""
+    if not run_dir or not os.path.isdir(run_dir):
+        return "nothing had been written yet: start the run again"
+    command = distributed.command(f"train.py --resume {run_dir}")
+    last = find(run_dir)
+    if last:
+        return f"the last checkpoint is {last}: resume with {command}"
+    return f"no checkpoint yet: {command} starts the run again from its config"
 
 
 class StopRequest:
-    """First Ctrl-C / SIGTERM: finish the step, save, exit; a step that does not finish within
-    ``grace`` seconds (a reward that hangs, say) exits without saving, naming the last checkpoint.
-    A second Ctrl-C or SIGTERM exits at once."""
+    """The first Ctrl-C / SIGTERM: stop at the next safe point and save a checkpoint there. A
+    generation or an eval under way is cut short at once (it runs inside ``abortable``, which
+    raises Interrupted; the loop saves the state from before it, and a resume does it again); an
+    optimizer step is let finish (seconds). A step that does not finish within ``grace`` seconds
+    exits without saving, naming how the run goes on. A second Ctrl-C or SIGTERM exits at once.
+    With torchrun nothing is cut short (every process must reach the same collectives): each
+    finishes its phase first."""
 
     def __init__(self, grace: float | None = None):
         self.signum = None              # the signal this process received
@@ -404,28 +583,64 @@ class StopRequest:
         if grace is None:               # REPLAY_RL_STOP_GRACE: the tests' shorter grace
             grace = float(os.environ.get("REPLAY_RL_STOP_GRACE", 30))
         self.grace, self.run_dir, self.watchdog = grace, None, None
+        self.cutting = False            # inside ``abortable``: the signal raises Interrupted there
+        self.second = None              # the second signal, which exits at once
         self.previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def __call__(self, signum, frame):
         self.signum = signum
-        signal.signal(signal.SIGINT, signal.default_int_handler)     # a second one: exit at once
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        distributed.print0(f"\n{signal.Signals(signum).name}: finishing this step (at most "
-                           f"{self.grace:.0f} s), then saving a checkpoint (Ctrl-C again to exit at "
-                           "once, without saving)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, self.again)        # a second one: exit at once
+        signal.signal(signal.SIGTERM, self.again)
+        distributed.print0(f"\n{signal.Signals(signum).name}: stopping at the next safe point to "
+                           "save a checkpoint (a generation or an eval under way is cut short and "
+                           f"done again on resume; a step gets at most {self.grace:.0f} s). Ctrl-C "
+                           "again to exit at once, without saving", file=sys.stderr, flush=True)
         if self.watchdog is None:
             self.watchdog = threading.Timer(self.grace, self.give_up)
             self.watchdog.daemon = True
             self.watchdog.start()
+        if self.cutting:
+            self.cutting = False
+            raise Interrupted(signal.Signals(signum).name)
+
+    def again(self, signum, frame):
+        """The second signal: KeyboardInterrupt, wherever the run is (train.main exits, naming how
+        the run goes on, with 128 + this signal)."""
+        self.second = signum
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def abortable(self, state=None, rng=None):
+        """A phase the first signal cuts short: within this block it raises Interrupted (at once if
+        a signal came before), after putting back what the phase had changed, as it was when the
+        block began: ``state`` (a dataclass, field by field), ``rng`` (a random.Random) and torch's
+        RNG streams; a save and a resume then see the phase as not begun. One process only: with
+        torchrun the block runs to its end."""
+        if distributed.world_size() > 1:
+            yield
+            return
+        before = (dataclasses.asdict(state) if state is not None else {},
+                  rng.getstate() if rng is not None else None, rng_states())
+        try:
+            if self.signum is not None:
+                raise Interrupted(signal.Signals(self.signum).name)
+            self.cutting = True
+            yield
+        except Interrupted:
+            for name, value in before[0].items():
+                setattr(state, name, value)
+            if rng is not None:
+                rng.setstate(before[1])
+            set_rng_states(before[2])
+            raise
+        finally:
+            self.cutting = False
 
     def give_up(self) -> None:
-        """The step did not finish within the grace: exit now, naming what a resume starts from."""
-        last = find(self.run_dir) if self.run_dir and os.path.isdir(self.run_dir) else None
+        """The step did not finish within the grace: exit now, naming how the run goes on."""
         distributed.print0(f"the step did not finish within {self.grace:.0f} s of "
                            f"{signal.Signals(self.signum).name}: exited without saving; "
-                           + (f"the last checkpoint is {last}: resume with "
-                              f"{distributed.command(f'train.py --resume {self.run_dir}')}"
-                              if last else "no checkpoint had been saved"), file=sys.stderr, flush=True)
+                           + how_to_go_on(self.run_dir), file=sys.stderr, flush=True)
         os._exit(128 + self.signum)
 
     def saving(self) -> None:

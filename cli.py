@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import os
 
 import checkpoint
@@ -94,7 +95,20 @@ def parse(config_class, argv=None, description: str = ""):
             defaults.pop("skip_zero_advantage", None)  # coefficient tau, the KL term): no filter
         cfg = dataclasses.replace(cfg, **defaults)
     saved = None
-    if cfg.resume:
+    if cfg.resume and (config := unsaved_run(cfg.resume)) is not None:
+        # a run stopped before its first checkpoint: it starts again, in its folder, from its config
+        given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        changed = [f"--{k.replace('_', '-')}" for k in RESUME_FIXED
+                   if k in given and given[k] != config.get(k, given[k])]
+        if changed:
+            parser.error(f"--resume {cfg.resume}: these fields cannot change on resume: "
+                         f"{', '.join(changed)}")
+        distributed.print0(f"{cfg.resume} holds no checkpoint yet: the run starts again from its "
+                           "config.json")
+        cfg = config_class(**{**{k: v for k, v in config.items() if k in fields}, **given,
+                              "resume": "", "output_dir": cfg.resume})
+    elif cfg.resume:
         saved = resume_point(cfg.resume, parser)
         config = saved.config
         if problem := stale_demo(config):
@@ -151,6 +165,20 @@ def stale_demo(config: dict) -> str | None:
     return None
 
 
+def unsaved_run(path: str) -> dict | None:
+    """The config of a run folder that holds a run's config.json but no checkpoint (stopped before
+    its first one was saved), or None: --resume starts such a run again."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config) or checkpoint.find(path) is not None:
+        return None
+    try:
+        with open(config) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def resume_point(path: str, parser) -> checkpoint.Checkpoint:
     """The checkpoint --resume names, or the newest of a run folder whose files all read back."""
     found = checkpoint.find(path)
@@ -177,7 +205,8 @@ def config_problem(cfg) -> str | None:
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
     for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_rounds", "max_gen_tokens",
-                 "max_age", "micro_batch_size", "save_every", "eval_every_tokens", "reward_timeout"):
+                 "max_age", "micro_batch_size", "save_every", "eval_every_tokens", "reward_timeout",
+                 "new_per_update"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -188,7 +217,7 @@ def config_problem(cfg) -> str | None:
     if problem := pretrained.gguf_problem(cfg.model):      # smollm2 or a .gguf file: no model loaded yet
         return problem
     W = distributed.world_size()
-    for name in ("prompts_per_round", "batch_size", "buffer_size"):
+    for name in ("prompts_per_round", "batch_size", "buffer_size", "new_per_update"):
         if getattr(cfg, name) % W:
             return (f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be a multiple of the "
                     f"number of processes ({W}): each generates, keeps and samples its share")
@@ -210,9 +239,13 @@ def config_problem(cfg) -> str | None:
             return "--eval-at-tokens with --eval-every-tokens: give one grid of evals"
     if cfg.batch_size > cfg.buffer_size:
         return f"--batch-size {cfg.batch_size}: must be <= --buffer-size {cfg.buffer_size}"
-    if cfg.buffer_size < cfg.rollouts_per_round:
+    if cfg.new_per_update > cfg.buffer_size:
+        return (f"--new-per-update {cfg.new_per_update}: must be <= --buffer-size {cfg.buffer_size} "
+                "(new rollouts would leave the buffer before any update)")
+    if cfg.buffer_size < cfg.rollouts_per_round and not cfg.new_per_update:
         return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
-                f"(prompts_per_round x num_generations = {cfg.rollouts_per_round})")
+                f"(prompts_per_round x num_generations = {cfg.rollouts_per_round}), or with "
+                "--new-per-update S the S stored between updates")
     if cfg.num_generations == 1 and cfg.loss != "asymre":
         return (f"--num-generations 1: a group of one has advantage 0, so the {cfg.loss} loss has "
                 "no gradient; use 2 or more (asymre, whose coefficient r - (V - tau) is tau "

@@ -93,6 +93,9 @@ def parse(argv=None) -> argparse.Namespace:
                                other="--output")
     except checkpoint.RunFolderBusy as e:
         p.error(f"{args.output}: {e}")
+    except checkpoint.DiskFull as e:
+        where, fix = checkpoint.limit_in_words(e.reason, folder)
+        p.error(f"--output {args.output}: cannot be written ({e.reason}: {where}); {fix}")
     except OSError as e:
         p.error(f"--output {args.output}: cannot be written ({e.strerror or e})")
     return args
@@ -239,14 +242,17 @@ def main(argv=None) -> dict:
 
 
 def write(path: str, result: dict) -> None:
-    """eval.json written whole or not at all; a full disk is one line."""
+    """eval.json written whole or not at all; a full disk (or another limit: checkpoint.no_space)
+    is one line."""
     try:
         checkpoint.write_json(path, result, indent=2)
     except OSError as e:
-        if not checkpoint.no_space(e):
+        reason = checkpoint.no_space(e, path)
+        if not reason:
             raise
-        sys.exit(f"error: the disk is full: {path} could not be written; the figures above are "
-                 "all it held: free space and run evaluate.py again")
+        where, fix = checkpoint.limit_in_words(reason, os.path.dirname(path) or ".")
+        sys.exit(f"error: {reason}: {path} could not be written ({where}); the figures above are "
+                 f"all it held: {fix} and run evaluate.py again")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 
@@ -161,8 +162,9 @@ def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
     return FastDecoding(model, max_length=longest + (cfg.max_new_tokens or task.max_new_tokens))
 
 
-class RewardTimeout(Exception):
-    """A reward call that took longer than --reward-timeout."""
+class RewardTimeout(BaseException):
+    """A reward call that took longer than --reward-timeout. Not an Exception, so that a reward's
+    own ``except Exception`` does not swallow it; CheckedReward handles it as a reward error."""
 
 
 class CheckedReward:
@@ -170,32 +172,46 @@ class CheckedReward:
     (0: no limit). One that raises, returns something else or takes longer stops the run with one
     line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is counted
     in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a POSIX
-    system only (elsewhere no limit), and a call blocked in C code that never checks for signals
-    is not cut."""
+    system only (elsewhere no limit); a call blocked in C code that never checks for signals, or a
+    reward that cancels the timer or replaces its handler, is not cut, but counts as timed out
+    when it returns after its limit."""
 
     def __init__(self, reward, on_error: str, timeout: float = 0.0):
         self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
 
     def timed(self, prompt: str, completion: str):
+        """The reward's value, or RewardTimeout if the call took longer than the limit (measured
+        on the clock as well, for a reward that cancels the timer). A timer the host program had
+        set is armed again afterwards with the time it had left (at once if that ran out during
+        the call): delayed by the call at most, never cancelled."""
         limited = (self.timeout > 0 and hasattr(signal, "setitimer")
                    and threading.current_thread() is threading.main_thread())
         if not limited:
             return self.reward(prompt, completion)
+        late = f"took longer than {self.timeout:g} s (--reward-timeout)"
 
         def expire(signum, frame):
-            raise RewardTimeout(f"took longer than {self.timeout:g} s (--reward-timeout)")
+            raise RewardTimeout(late)
+        host_delay, host_interval = signal.setitimer(signal.ITIMER_REAL, 0)   # paused meanwhile
         previous = signal.signal(signal.SIGALRM, expire)
+        start = time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, self.timeout)
         try:
-            return self.reward(prompt, completion)
+            value = self.reward(prompt, completion)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            elapsed = time.monotonic() - start
+            if host_delay > 0:
+                signal.setitimer(signal.ITIMER_REAL, max(host_delay - elapsed, 1e-6), host_interval)
+        if elapsed > self.timeout:      # the reward cancelled or re-armed the timer itself
+            raise RewardTimeout(late)
+        return value
 
     def __call__(self, prompt: str, completion: str) -> float:
         try:
             return tasks.real_number(self.timed(prompt, completion))
-        except Exception as e:
+        except (Exception, RewardTimeout) as e:
             if self.on_error != "zero":
                 sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "
                          f"{completion!r}: {type(e).__name__}: {e} (--on-reward-error zero scores "

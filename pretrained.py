@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import time
@@ -99,29 +100,43 @@ def converted(gguf_path: str, log=print) -> str:
     with open(folder + ".lock", "w") as lock:
         if fcntl is not None:       # one process converts; the others wait, then find its folder
             fcntl.flock(lock, fcntl.LOCK_EX)
+            remove_leftovers(folder)
         if os.path.isfile(os.path.join(folder, "model.safetensors")):
             return folder
         return convert(gguf_path, folder, log)
 
 
+def remove_leftovers(folder: str) -> None:
+    """Remove the temporary folders (<folder>.tmp<pid>) of conversions that were killed. Called
+    with the conversion lock held: no other process is writing one."""
+    parent, name = os.path.split(folder)
+    for entry in os.listdir(parent):
+        if re.fullmatch(re.escape(name) + r"\.tmp\d+", entry):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
 def convert(gguf_path: str, folder: str, log=print) -> str:
-    """Write the converted folder: in a temporary folder, then renamed into place."""
+    """Write the converted folder: in a temporary folder, then renamed into place. The temporary
+    folder goes on every way out that runs Python (an error, Ctrl-C, SystemExit); what a kill or
+    os._exit leaves, the next conversion removes (remove_leftovers)."""
     log(f"converting {gguf_path} into a Hugging Face folder, once (cached in {folder}) ...")
     start = time.time()
     tmp = f"{folder}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        write_folder(gguf_path, tmp)
-    except Exception as e:
+        try:
+            write_folder(gguf_path, tmp)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ModelError(f"--model {gguf_path}: transformers could not read this GGUF file "
+                             f"({first})") from None
+        try:
+            os.replace(tmp, folder)
+        except OSError:         # another process finished first: its folder is the same model
+            if not os.path.isfile(os.path.join(folder, "model.safetensors")):
+                raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ModelError(f"--model {gguf_path}: transformers could not read this GGUF file ({first})") from None
-    try:
-        os.replace(tmp, folder)
-    except OSError:             # another process finished first: its folder is the same model
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isfile(os.path.join(folder, "model.safetensors")):
-            raise
     log(f"converted in {time.time() - start:.0f} s")
     return folder
 

@@ -402,11 +402,40 @@ def load_reward(spec: str) -> Callable[[str, str], float]:
 
 
 def real_number(value, who: str = "the reward") -> float:
-    """A reward's value as a float, if it is a finite real number (bool, int, float, numpy's too);
-    else a TypeError or ValueError naming ``who``: not the string '1.0', and not NaN, which would
-    turn every advantage of its group, and then the loss, into NaN."""
-    if not isinstance(value, numbers.Real):
-        raise TypeError(f"{who} returned {type(value).__name__} {value!r}, not a number")
-    if not math.isfinite(value):
-        raise ValueError(f"{who} returned {value}, not a finite number")
-    return float(value)
+    """A reward's value as a float, if it is one finite real number: what float() takes, bool,
+    int, float, a NumPy scalar or 0-d array, a 0-d torch tensor (of a real dtype); else a TypeError
+    or ValueError naming ``who``: not the string '1.0' (nor bytes), not a sequence or an array of
+    several values, not a complex number, and not NaN or inf, which would turn every advantage of
+    its group, and then the loss, into NaN."""
+    shown = lambda: f"{type(value).__name__} {' '.join(repr(value).split())[:80]}"     # one line
+    if getattr(value, "ndim", 0) != 0:
+        shape = tuple(getattr(value, "shape", ()))
+        raise TypeError(f"{who} returned {type(value).__name__} of shape {shape}, not one number")
+    if not one_real(value):
+        raise TypeError(f"{who} returned {shown()}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:               # an int beyond float's range
+        number = math.inf
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{who} returned {shown()}, not a real number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{who} returned {shown()}, not a finite number")
+    return number
+
+
+def one_real(value) -> bool:
+    """Whether a value holds one real number (arrays and tensors: of 0 dimensions): a real
+    number type, a NumPy or torch value of a real dtype (bool, integer, floating), or anything
+    else that converts itself to float (__float__); not text, which float() parses."""
+    if isinstance(value, (str, bytes, bytearray)) or getattr(value, "ndim", 0) != 0:
+        return False
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:               # NumPy: its kind letter; torch: is_complex
+        kind = getattr(dtype, "kind", None)
+        if kind is not None:
+            return kind in ("b", "i", "u", "f")
+        return not getattr(dtype, "is_complex", True)
+    if isinstance(value, numbers.Complex):
+        return isinstance(value, numbers.Real)
+    return hasattr(type(value), "__float__")

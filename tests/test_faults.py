@@ -73,7 +73,7 @@ def test_a_full_disk_while_writing_metrics_is_one_line(tmp_path, tiny_path, monk
         train.main(SMALL + ["--output-dir", run, "--max-rounds", "6"])
     message = str(e.value.code)
     assert message.startswith(f"error: the disk is full: {os.path.join(run, 'metrics.jsonl')} could not")
-    assert "no checkpoint had been saved" in message and "\n" not in message
+    assert "no checkpoint yet: free space, then python train.py --resume" in message and "\n" not in message
 
 
 def hanging_reward(tmp_path, after: int) -> str:
@@ -122,31 +122,71 @@ def test_a_reward_that_hangs_is_cut_off_by_the_timeout(tmp_path, tiny_path):
     assert last["reward_errors"] == 1
 
 
+def hanging_step(after: int) -> str:
+    """Code that makes train's optimizer step number `after` hang (after saying so in a file)."""
+    return textwrap.dedent(f"""
+        import os, time, replay_rl
+        real, calls = replay_rl.update_step_engineered, []
+        def step(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == {after}:
+                open(os.environ["HANGING"], "w").close()
+                time.sleep(10**6)
+            return real(*args, **kwargs)
+        replay_rl.update_step_engineered = step
+    """)
+
+
+def start_hanging(tmp_path, args, after, **env):
+    code = hanging_step(after) + f"import train; train.main({args!r})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
+                                            "HANGING": str(tmp_path / "hanging"), **env})
+
+
 @pytest.mark.slow
 def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_path, tiny_path):
     run = str(tmp_path / "run")
-    proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--save-every", "1",
-                          "--max-rounds", "100", "--output-dir", run], REPLAY_RL_STOP_GRACE="2")
+    proc = start_hanging(tmp_path, SMALL + ["--save-every", "1", "--max-rounds", "100", "--output-dir", run], 3,
+                         REPLAY_RL_STOP_GRACE="2")
     wait_for(tmp_path / "hanging", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT
-    assert "finishing this step (at most 2 s)" in err
+    assert "a step gets at most 2 s" in err
     last = checkpoint.find(run)
-    assert last and f"did not finish within 2 s of SIGINT: exited without saving; the last checkpoint is {last}" in err
+    assert last and (f"did not finish within 2 s of SIGINT: exited without saving; the last checkpoint is {last}: "
+                     f"resume with python train.py --resume {run}") in err
 
 
 @pytest.mark.slow
-def test_a_second_sigterm_exits_at_once(tmp_path, tiny_path):
-    proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--max-rounds", "100",
-                          "--output-dir", str(tmp_path / "run")], REPLAY_RL_STOP_GRACE="600")
+def test_a_second_sigterm_exits_at_once_naming_how_to_go_on(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = start_hanging(tmp_path, SMALL + ["--max-rounds", "100", "--output-dir", run], 1,
+                         REPLAY_RL_STOP_GRACE="600")
     wait_for(tmp_path / "hanging", proc)
     proc.send_signal(signal.SIGTERM)
     time.sleep(1)
     assert proc.poll() is None                       # the first waits for its step
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
-    assert proc.returncode != 0 and "finishing this step" in err
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert (f"interrupted again: exited at once, without saving; no checkpoint yet: python train.py --resume "
+            f"{run} starts the run again from its config") in err
+
+
+@pytest.mark.slow
+def test_a_reward_that_hangs_is_cut_short_by_the_first_stop(tmp_path, tiny_path):
+    """A reward that never returns holds up a generation, which the first signal cuts short: the
+    run is saved (no grace to wait out), the round it was in done again on resume."""
+    run = str(tmp_path / "run")
+    proc = start(SMALL + ["--reward", hanging_reward(tmp_path, 50), "--reward-timeout", "0", "--save-every", "1",
+                          "--max-rounds", "100", "--output-dir", run], REPLAY_RL_STOP_GRACE="600")
+    wait_for(tmp_path / "hanging", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert f"interrupted: checkpoint saved to {checkpoint.find(run)}" in err and "Traceback" not in err
 
 
 def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path, monkeypatch):
