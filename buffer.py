@@ -25,7 +25,9 @@ Variants (off by default; the method is the plain FIFO above), from the paper's 
                                   rewards were all equal: they carry no gradient).
 
 Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
-batch only when it is used.
+batch only when it is used. The buffer counts what it stored (``stored``) and, of the rollouts that
+have left it, how often each had been used (``left_by_uses``): the replay ratio as measured, which
+the filter and the staleness cap move away from K*B/R.
 """
 from __future__ import annotations
 
@@ -80,19 +82,32 @@ class ReplayBuffer:
         self.skip_zero_advantage = skip_zero_advantage
         self.items: list[Rollout] = []              # oldest first
         self.generator = torch.Generator().manual_seed(seed)
+        self.stored = 0                             # rollouts stored so far (after the filter)
+        self.left_by_uses: list[int] = []           # rollouts gone, by uses: [unused, once, twice, ...]
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, rollouts: list[Rollout]) -> None:
-        """Append rollouts (oldest first); once over capacity, evict (FIFO, or positive-bias)."""
+    def add(self, rollouts: list[Rollout], limit: int | None = None) -> int:
+        """Append rollouts (oldest first); once over capacity, evict (FIFO, or positive-bias).
+        limit: store at most this many (the first, after the filter). Returns how many were stored."""
         if self.skip_zero_advantage:        # a variant: store none of zero advantage
             rollouts = [rollout for rollout in rollouts if rollout.advantage != 0]
-        self.items.extend(rollouts)
-        if len(self.items) <= self.capacity:
-            return
+        if limit is not None:
+            rollouts = rollouts[:max(limit, 0)]
+        self.stored += len(rollouts)
+        before = self.items = self.items + rollouts
+        if len(self.items) > self.capacity:
+            self.evict(len(rollouts))
+        kept = {id(rollout) for rollout in self.items}
+        self.count_leaving([rollout for rollout in before if id(rollout) not in kept])
+        return len(rollouts)
+
+    def evict(self, n_new: int) -> None:
+        """Down to capacity: the freshest N (FIFO), or with keep_correct_frac the freshest
+        (1 - delta) * N, never fewer than the n_new just added, plus the freshest correct older ones."""
         # the freshest (1 - delta) * N (plain FIFO: delta = 0, all N), never fewer than the rollouts just added
-        n_fresh = min(self.capacity, max(self.capacity - int(self.keep_correct_frac * self.capacity), len(rollouts)))
+        n_fresh = min(self.capacity, max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
         slots = self.capacity - n_fresh
         if slots == 0:
@@ -110,9 +125,17 @@ class ReplayBuffer:
         The only place max_age acts: call it with the current policy version before ``sample``."""
         if self.max_age is None:
             return 0
-        before = len(self.items)
+        stale = [rollout for rollout in self.items if policy_version - rollout.policy_version > self.max_age]
         self.items = [rollout for rollout in self.items if policy_version - rollout.policy_version <= self.max_age]
-        return before - len(self.items)
+        self.count_leaving(stale)
+        return len(stale)
+
+    def count_leaving(self, rollouts: list[Rollout]) -> None:
+        """Rollouts leaving the buffer, counted by how often each had been used."""
+        for rollout in rollouts:
+            if rollout.uses >= len(self.left_by_uses):
+                self.left_by_uses += [0] * (rollout.uses + 1 - len(self.left_by_uses))
+            self.left_by_uses[rollout.uses] += 1
 
     def sample(self, batch_size: int, remove: bool = False) -> list[Rollout]:
         """B distinct rollouts, uniformly at random; their use counts go up. They stay in the
@@ -126,6 +149,7 @@ class ReplayBuffer:
         if remove:
             taken = set(idx)
             self.items = [rollout for i, rollout in enumerate(self.items) if i not in taken]
+            self.count_leaving(sampled)
         return sampled
 
     # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------
@@ -145,6 +169,8 @@ class ReplayBuffer:
             "uses": torch.tensor([rollout.uses for rollout in items], dtype=torch.long),
             "temperature": torch.tensor([rollout.temperature for rollout in items], dtype=torch.float64),
             "generator_state": self.generator.get_state(),
+            "stored": torch.tensor([self.stored], dtype=torch.long),
+            "left_by_uses": torch.tensor(self.left_by_uses, dtype=torch.long),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor], temperature: float = 1.0) -> None:
@@ -160,6 +186,9 @@ class ReplayBuffer:
                               temperature=temperature[i].item())
                       for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
         self.generator.set_state(state["generator_state"])
+        # a checkpoint older than these counts: the rollouts in it stored, none counted as gone
+        self.stored = int(state["stored"][0]) if "stored" in state else len(self.items)
+        self.left_by_uses = state["left_by_uses"].tolist() if "left_by_uses" in state else []
 
 
 def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = None,

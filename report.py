@@ -4,11 +4,13 @@ same calls do nothing, so the loop calls them on every rank alike.
 """
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -17,8 +19,10 @@ import distributed
 
 
 # the loop's counters, at the head of every line of metrics.jsonl
-COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "skipped_steps",
-            "reward_errors", "idle_rounds", "lapsed_updates")
+COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "gen_cpu_seconds",
+            "train_cpu_seconds", "skipped_steps",
+            "reward_errors", "idle_rounds", "lapsed_updates", "rollouts_generated", "rollouts_stored",
+            "rollouts_trained")
 
 
 class Report:
@@ -52,12 +56,12 @@ class Report:
         self.bar = tqdm(total=cfg.max_rounds, initial=state.round, desc="rounds",
                         dynamic_ncols=True, disable=not cfg.progress or not distributed.is_main())
 
-    def row(self, state, row: dict) -> int:
+    def row(self, state, row: dict) -> None:
         """One line of metrics.jsonl, the loop state's COUNTERS then the row (and its numbers as
-        TensorBoard scalars at the step, or a W&B step). Returns the length of metrics.jsonl (0 on the other
-        ranks, which save no loop state). state: train.LoopState."""
+        TensorBoard scalars at the step, or a W&B step); the file's length into state.metrics_bytes
+        (a resume cuts what follows; the other ranks write nothing). state: train.LoopState."""
         if self.metrics is None:
-            return 0
+            return
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
         # a full disk: one line (train.py); a resume cuts the partial line off
         with checkpoint.full_disk_as_one_line(self.run_dir, self.metrics.name):
@@ -70,7 +74,7 @@ class Report:
                     self.board.add_scalar(tag, value, row["step"])
         if self.wandb is not None:
             self.wandb.log(row)
-        return self.metrics.tell()
+        state.metrics_bytes = self.metrics.tell()
 
     def curves(self) -> None:
         """Redraw curves.png (with --plot and matplotlib); a failure only warns."""
@@ -156,8 +160,9 @@ class WandbRun:
                 "(rounds re-run after the checkpoint) keep there the values of their first run")
 
     def log(self, row: dict) -> None:
+        """One line of metrics.jsonl as a W&B step: its numbers (a list, left_by_uses, stays in the file)."""
         if self.line >= self.held:
-            self.run.log(row, step=self.line)
+            self.run.log({k: v for k, v in row.items() if not isinstance(v, list)}, step=self.line)
             self.held = self.line + 1
             checkpoint.write_json(self.path, {"id": self.run.id, "lines": self.held, "config": self.config})
         self.line += 1
@@ -185,6 +190,65 @@ def metrics_problem(run_dir: str, length: int, round: int) -> str | None:
             "metrics.jsonl from the checkpoint on")
 
 
+@contextlib.contextmanager
+def timed(state, phase: str):
+    """The block's wall and CPU seconds added to state.<phase>_seconds and <phase>_cpu_seconds
+    (CPU: this process's; runs side by side stretch its wall time more than its CPU time)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield
+    setattr(state, f"{phase}_seconds", getattr(state, f"{phase}_seconds") + time.perf_counter() - wall)
+    setattr(state, f"{phase}_cpu_seconds", getattr(state, f"{phase}_cpu_seconds") + time.process_time() - cpu)
+
+
+def count_round(state, gen: dict, rollouts: int, prompts: int, reward_errors: int, stored: int) -> None:
+    """A round's figures over all processes into the loop state: its means (weighted by rollouts,
+    prompts or tokens) as round_stats, and the counts of tokens, reward errors, rollouts generated
+    and stored. gen: rollout.generate_rollouts' figures of this process's share."""
+    tokens = gen["new_tokens"]
+    state.round_stats = distributed.means({
+        "reward": (gen["reward"], rollouts), "zero_adv_frac": (gen["zero_adv_frac"], prompts),
+        "rollout_entropy": (gen["rollout_entropy"], tokens),
+        "completion_len": (gen["completion_len"], rollouts),
+        "truncated_frac": (gen["truncated_frac"], rollouts)})
+    total = distributed.sums({"tokens": tokens, "reward_errors": reward_errors, "generated": rollouts,
+                              "stored": stored})
+    state.gen_tokens += int(total["tokens"])
+    state.reward_errors += int(total["reward_errors"])
+    state.rollouts_generated += int(total["generated"])
+    state.rollouts_stored += int(total["stored"])
+    state.round_stats["stored_frac"] = total["stored"] / max(total["generated"], 1)
+
+
+def count_step(state, figures: dict, batch_size: int) -> None:
+    """A step's counts into the loop state: rollouts trained on, skipped steps, the ages trained at."""
+    state.rollouts_trained += batch_size
+    state.skipped_steps += figures["skipped"]
+    state.skipped_in_a_row = state.skipped_in_a_row + 1 if figures["skipped"] else 0
+    state.age_sum += figures["age_mean"] * batch_size
+    state.age_max = max(state.age_max, int(figures["age_max"]))
+
+
+def count_eval(state, means: dict, prompts: int, reward_errors: int) -> dict:
+    """An eval's scores over all processes (means: this process's, over its ``prompts``), the
+    reward errors it met, and the accuracy at step 0 and at the latest eval, into the loop state."""
+    scores = distributed.means({k: (v, prompts) for k, v in means.items()})
+    state.eval_reward_errors += int(distributed.sums({"errors": reward_errors})["errors"])
+    state.last_accuracy, state.last_eval_round = scores["eval_accuracy"], state.round
+    if state.first_accuracy is None:
+        state.first_accuracy = state.last_accuracy
+    return scores
+
+
+def buffer_counts(buffer, state) -> dict:
+    """The buffer's fill, and its rollouts gone so far by their uses (all processes; also kept in
+    the loop state): the measured replay ratio."""
+    longest = int(distributed.maxima({"n": len(buffer.left_by_uses)})["n"])
+    mine = buffer.left_by_uses + [0] * (longest - len(buffer.left_by_uses))
+    total = distributed.sums({"rollouts": len(buffer), **{str(i): n for i, n in enumerate(mine)}})
+    state.left_by_uses = [int(total[str(i)]) for i in range(longest)]
+    return {"buffer_size": int(total["rollouts"]), "left_by_uses": state.left_by_uses}
+
+
 def reset_peak_memory(model) -> None:
     """On a GPU: start measuring a phase's peak memory afresh (peak_memory reads it). Nothing on a CPU."""
     if next(model.parameters()).is_cuda:
@@ -210,8 +274,9 @@ def save_config(run_dir: str, config: dict) -> None:
     """The run folder, with config.json (rank 0)."""
     if distributed.is_main():
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+        path = os.path.join(run_dir, "config.json")
+        with checkpoint.full_disk_as_one_line(run_dir, path):      # a full disk: one line (train.py)
+            checkpoint.write_json(path, config, indent=2)          # whole or not at all
 
 
 def say(cfg, text: str) -> None:
@@ -228,12 +293,33 @@ def start(cfg, task, world: int) -> None:
     say(cfg, f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x "
         f"{cfg.num_generations}); K={K} updates of B={B} from a buffer of N={N}"
         + (f"; {world} processes, each 1/{world} of R, N and B" if world > 1 else ""))
-    say(cfg, f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = "
-        f"{N / R:.1f} rounds; loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}"
-        + ("" if cfg.reuse else "; each rollout used once"))
-    if K * B > R and cfg.reuse:
-        say(cfg, "this is experience replay: each rollout is used about K*B/R times, the rollout "
-            "ages and the importance ratios in the metrics show how stale the replayed data is")
+    say(cfg, replay_line(cfg))
+    S = cfg.new_per_update
+    if cfg.reuse and (K * B > S if S else K * B > R or cfg.skip_zero_advantage):
+        say(cfg, "this is experience replay: stored rollouts are used again in later updates; the "
+            "rollout ages and the importance ratios in the metrics show how stale they are")
+
+
+def replay_line(cfg) -> str:
+    """The replay ratio and the staleness horizon the flags give, and where the measured ones differ."""
+    R, N, B, K, S = (cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size,
+                     cfg.updates_per_round, cfg.new_per_update)
+    loss = f"loss {cfg.loss} (is_cap {cfg.is_cap}), lr {cfg.lr}"
+    if not cfg.reuse:
+        return f"each stored rollout used once (--no-reuse); {loss}"
+    if S:
+        line = (f"replay ratio K*B/S = {K * B / S:.2f} uses per stored rollout (updates once S={S} "
+                f"new ones are stored); staleness horizon N/S = {N / S:.1f} updates")
+        if K * B == S == N:
+            line += " (on-policy: each used once, at age 0)"
+    else:
+        line = (f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = "
+                f"{N / R:.1f} rounds")
+        if cfg.skip_zero_advantage:
+            line += (" of the rollouts generated; only groups whose rewards differ are stored "
+                     "(--skip-zero-advantage), so each stored one is used more often: measured "
+                     "in the metrics (left_by_uses) and the summary")
+    return f"{line}; {loss}"
 
 
 def resumed(cfg, state, saved_config: dict) -> None:
@@ -260,14 +346,13 @@ def summary(cfg, state, run_dir: str) -> None:
     say(cfg, f"generated {state.gen_tokens} completion tokens in {state.round} rounds; time "
         f"generation {state.gen_seconds:.1f} s / training {state.train_seconds:.1f} s "
         f"({100 * state.gen_seconds / max(total, 1e-9):.0f}% generating)")
-    generated, trained = state.round * cfg.rollouts_per_round, state.rollouts_trained
+    generated, trained = state.rollouts_generated, state.rollouts_trained
     if generated and trained and state.train_seconds > 0:
         cost_ratio = (state.gen_seconds / generated) / (state.train_seconds / trained)
         say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
             f"/ to train on one")
-    if generated and trained:
-        say(cfg, f"rollouts: {generated:,} generated, {trained:,} trained on: each used "   # the replay ratio y;
-            f"{trained / generated:.2f} times on average")     # not the metrics' uses_mean (docs/metrics.md)
+    for line in reuse_lines(state):
+        say(cfg, line)
     if state.skipped_steps or state.reward_errors:
         say(cfg, f"skipped steps (NaN/inf): {state.skipped_steps}; reward errors scored 0: "
             f"{state.reward_errors}")
@@ -281,6 +366,22 @@ def summary(cfg, state, run_dir: str) -> None:
             f"--no-reuse, or older than --max-age): {state.lapsed_updates}")
     curves = ", curves.png" if cfg.plot and importlib.util.find_spec("matplotlib") else ""
     say(cfg, f"run folder: {run_dir} (metrics.jsonl, adapter/, checkpoint-{state.round}/{curves})")
+
+
+def reuse_lines(state) -> list[str]:
+    """The measured replay: rollouts generated, stored and trained on, the uses of the stored ones
+    (those gone from the buffer, counted by their uses) and the ages they were trained at."""
+    generated, stored, trained = state.rollouts_generated, state.rollouts_stored, state.rollouts_trained
+    if not (generated and stored and trained):
+        return []
+    lines = [f"rollouts: {generated:,} generated, {stored:,} stored ({100 * stored / generated:.0f}%), "
+             f"{trained:,} trained on: each stored one used {trained / stored:.2f} times on average"]
+    gone = sum(state.left_by_uses)
+    if gone:
+        counts = ", ".join(f"{n:,} {uses}x" for uses, n in enumerate(state.left_by_uses) if n)
+        lines.append(f"of the {gone:,} that left the buffer, by uses: {counts}; trained on at age "
+                     f"{state.age_sum / trained:.2f} steps on average, {state.age_max} at most")
+    return lines
 
 
 def quiet_libraries() -> None:

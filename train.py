@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -46,11 +46,10 @@ class Config:
                                    "teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
                                   "in demo.safetensors, demo_columns.safetensors)")
-    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' (embedded, "
-                                "3-4 digit sums, the written work first), 'sums' (2-digit sums asked in words, for "
-                                "a real instruct model such as smollm2; graded on the reply's last number), 'gsm8k' "
-                                "(openai/gsm8k) or a .jsonl file of {question, answer: '... #### 42'} (last 10%% "
-                                "held out)")
+    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' (embedded, 3-4 "
+                                "digit sums, the written work first), 'sums' (2-digit sums in words, for a real model "
+                                "such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or a "
+                                ".jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
                                      "takes the last number", choices=("strict", "lenient"))
     reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, "
@@ -75,6 +74,8 @@ class Config:
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the freshest "
                                         "correct (reward > 0) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
+    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most S): each "
+                                 "used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
     # loss and optimizer
     loss: str = opt("tis", "tis: truncated importance-weighted PG; ppo: clipped objective; asymre: "
                            "(r - (V - tau)) * log pi, no ratio", choices=LOSS_TYPES)
@@ -90,12 +91,9 @@ class Config:
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
     max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 40)")
-    max_gen_tokens: int = opt(0, "stop after the round in which this many completion tokens were generated; "
-                                 "0 = none")
-    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
-                              "--eval-every-tokens)")
-    eval_every_tokens: int = opt(0, "eval instead whenever the generated tokens cross a multiple "
-                                    "of this; 0 = off")
+    max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; 0 = none")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless --eval-every-tokens)")
+    eval_every_tokens: int = opt(0, "eval instead when the generated tokens cross a multiple of this; 0 = off")
     eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these counts "
                                   "(comma-separated, ascending; e.g. denser early, to resolve a rise)")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
@@ -117,8 +115,8 @@ class Config:
     save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
     keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
     resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
-    on_reward_error: str = opt("raise", "a reward function that raises: stop (raise) or score 0 and count it "
-                                        "(zero)", choices=("raise", "zero"))
+    on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count it (zero)",
+                               choices=("raise", "zero"))
     reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward that raises "
                                       "(--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
     max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
@@ -137,14 +135,22 @@ class LoopState:
     gen_tokens: int = 0             # completion tokens generated (all processes)
     gen_seconds: float = 0.0        # time spent generating
     train_seconds: float = 0.0      # time spent in optimizer steps
+    gen_cpu_seconds: float = 0.0    # CPU time of this process generating (runs side by side share
+    train_cpu_seconds: float = 0.0  # the cores: their wall times stretch, their CPU times less so)
     skipped_steps: int = 0          # steps skipped for a NaN/inf loss or gradient
     skipped_in_a_row: int = 0       # the latest run of them (--max-skipped-steps ends the run)
     reward_errors: int = 0          # rewards that raised, scored 0 (--on-reward-error zero)
     eval_reward_errors: int = 0     # the same during evals
     pending_updates: int = 0        # updates the current round has still to take
+    round_end_due: bool = False     # its end (eval, checkpoint) too: a stop cut its eval short
     round_batch_size: int = 0       # B of the current round's updates (--resume may change B)
     lapsed_updates: int = 0         # updates dropped: too few rollouts unused or young enough
-    rollouts_trained: int = 0       # rollouts in all batches (more than generated: replay)
+    rollouts_generated: int = 0     # rollouts sampled (all processes)
+    rollouts_stored: int = 0        # of them stored in the buffer (the filter, S's cap: fewer)
+    rollouts_trained: int = 0       # rollouts in all batches (more than stored: replay)
+    left_by_uses: list = field(default_factory=list)    # gone from the buffer by uses: [unused, once, ...]
+    age_sum: float = 0.0            # the ages (steps) of the rollouts trained on, summed
+    age_max: int = 0                # and the oldest
     round_stats: dict = field(default_factory=dict)     # the round's figures, logged each step
     first_accuracy: float | None = None                 # eval accuracy at step 0
     last_accuracy: float | None = None                  # at the latest eval
@@ -170,6 +176,7 @@ class Run:
     state: LoopState
     report: report.Report | None = None
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
+    stop: checkpoint.StopRequest | None = None   # the first Ctrl-C / SIGTERM cuts a generation short
 
 
 def parse_config(argv=None) -> Config:
@@ -178,19 +185,23 @@ def parse_config(argv=None) -> Config:
 
 
 def main(argv=None) -> dict:
-    """python train.py [flags]: the config, the task, then the loop (Ctrl-C: save, then exit)."""
-    cfg, saved = cli.parse(Config, argv, __doc__)
-    report.quiet_libraries()
-    task = loading.load_task(cfg)
-    if not cfg.max_rounds:
-        cfg = replace(cfg, max_rounds=task.max_rounds)
-    stop = checkpoint.StopRequest()
+    """python train.py [flags]: the config, the task, then the loop (Ctrl-C: save, then exit;
+    Ctrl-C twice: exit at once, naming how the run goes on)."""
+    stop = checkpoint.StopRequest()     # from here on, a first Ctrl-C keeps the run
     try:
+        cfg, saved = cli.parse(Config, argv, __doc__)
+        report.quiet_libraries()
+        task = loading.load_task(cfg)
+        if not cfg.max_rounds:
+            cfg = replace(cfg, max_rounds=task.max_rounds)
         return train(cfg, task, stop, saved)
     except torch.OutOfMemoryError:
         sys.exit(f"error: {cli.OOM_HELP}")
     except checkpoint.DiskFull as e:
         sys.exit(f"error: {checkpoint.disk_full_message(e)}")
+    except KeyboardInterrupt:           # a second signal
+        distributed.exit_all(f"\ninterrupted again: exited at once, without saving; "
+                             f"{checkpoint.how_to_go_on(stop.run_dir)}", 128 + (stop.second or signal.SIGINT))
     finally:
         stop.restore()
         checkpoint.unlock_runs()
@@ -201,56 +212,58 @@ def train(cfg: Config, task: tasks.Task, stop: checkpoint.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
     """The loop of the README: each round generate, add to the buffer, K updates; eval, save."""
     run = setup(cfg, task, saved)
+    run.stop = stop
     stop.run_dir = run.out              # what a stop that cannot finish its step names
     state = run.state
-    if state.first_accuracy is None:
-        evaluate(run)                   # step 0: before any update
-    while state.pending_updates or not budget_spent(run):
-        if not state.pending_updates:
-            generate_round(run)         # R new rollouts into the buffer; decides the K updates
-        while state.pending_updates and not stop.requested():
-            update(run)                 # one optimizer step on B rollouts sampled from the buffer
-        if stop.requested() and state.pending_updates:
-            save_and_exit(run, stop)    # mid-round: its remaining updates run after --resume
-        end_of_round(run)               # eval, progress bar, checkpoint
-        if stop.requested():
-            save_and_exit(run, stop)
-    return finish(run)
+    try:
+        if state.first_accuracy is None:
+            evaluate(run)               # step 0: before any update
+        while state.pending_updates or state.round_end_due or not budget_spent(run):
+            if not state.pending_updates and not state.round_end_due:
+                generate_round(run)     # R new rollouts into the buffer; decides the K updates
+            while state.pending_updates and not stop.requested():
+                update(run)             # one optimizer step on B rollouts sampled from the buffer
+            if stop.requested() and state.pending_updates:
+                save_and_exit(run, stop)    # mid-round: its remaining updates run after --resume
+            end_of_round(run)           # eval, progress bar, checkpoint
+            if stop.requested():
+                save_and_exit(run, stop)
+        return finish(run)
+    except checkpoint.Interrupted:      # a generation or an eval cut short: a resume redoes it
+        save_and_exit(run, stop)
 
 
 def generate_round(run: Run) -> None:
     """A new round: R rollouts from the current policy into the buffer; decides its updates."""
     cfg, state, model = run.cfg, run.state, run.model
-    state.round += 1
-    # Every process draws the same prompts and takes its share: a prompt's G samples stay together.
-    prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
-    t0 = time.perf_counter()
+    errors_before = run.reward.errors
     report.reset_peak_memory(model)
     model.eval()
-    errors_before = run.reward.errors
-    rollouts, gen = rollout.generate_rollouts(
-        model, run.tokenizer, prompts, run.reward, num_generations=cfg.num_generations,
-        max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens, temperature=cfg.temperature,
-        top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
+    # cut short by a stop: the round counter and the prompt and RNG streams put back, as not begun
+    with run.stop.abortable(state, run.rng), report.timed(state, "gen"):
+        state.round += 1
+        # Every process draws the same prompts and takes its share: a prompt's G samples stay together.
+        prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
+        rollouts, gen = rollout.generate_rollouts(
+            model, run.tokenizer, prompts, run.reward, num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
+            temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
     model.train()       # safe for the ratios: load_policy set dropout to 0, so it trains as it samples
-    state.gen_seconds += time.perf_counter() - t0
-    # the round's figures over all processes: means weighted by rollouts, prompts or tokens
-    n, groups, tokens = len(rollouts), len(prompts), gen["new_tokens"]
-    state.round_stats = distributed.means({
-        "reward": (gen["reward"], n), "zero_adv_frac": (gen["zero_adv_frac"], groups),
-        "rollout_entropy": (gen["rollout_entropy"], tokens),
-        "completion_len": (gen["completion_len"], n), "truncated_frac": (gen["truncated_frac"], n)})
-    total = distributed.sums({"tokens": tokens, "reward_errors": run.reward.errors - errors_before})
-    state.gen_tokens += int(total["tokens"])
-    state.reward_errors += int(total["reward_errors"])
-    report.peak_memory(state.round_stats, "gen", model)
-    run.buffer.add(rollouts)
+    # with S: store no more than the S new ones an update waits for (or what fills the first B)
+    my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
+    fresh = lambda: sum(r.policy_version == state.step for r in run.buffer.items)  # stored since the updates
+    room = max(my_new - fresh(), my_batch - len(run.buffer)) if cfg.new_per_update else None
+    stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
-    # Until every shard holds its share of B: generate only.
-    full = distributed.every_rank(len(run.buffer) >= distributed.share_size(cfg.batch_size))
-    state.pending_updates = cfg.updates_per_round if full else 0
-    state.round_batch_size = cfg.batch_size
+    report.count_round(state, gen, len(rollouts), len(prompts), run.reward.errors - errors_before, stored)
+    report.peak_memory(state.round_stats, "gen", model)
+    # Generate only until every shard holds its share of B (and of S new ones, with S).
+    due = len(run.buffer) >= my_batch and fresh() >= my_new
+    state.pending_updates = cfg.updates_per_round if distributed.every_rank(due) else 0
+    state.round_end_due, state.round_batch_size = True, cfg.batch_size
     state.idle_rounds += not state.pending_updates
+    if not state.pending_updates:       # a round without an update has its row too
+        run.report.row(state, {**state.round_stats, "updates": 0, **report.buffer_counts(run.buffer, state)})
 
 
 def update(run: Run) -> None:
@@ -262,26 +275,21 @@ def update(run: Run) -> None:
         state.lapsed_updates += state.pending_updates   # too few unused or young enough: they lapse
         state.pending_updates = 0
         return
-    t0 = time.perf_counter()
-    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse)
-    m = replay_rl.update_step_engineered(
-        run.model, run.optimizer, sampled, pad_id=run.tokenizer.pad_token_id,
-        policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
-        normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
-        asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
-        max_grad_norm=cfg.max_grad_norm,
-        loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
-    stats = state.round_stats
-    report.peak_memory(stats, "train", run.model)
+    with report.timed(state, "train"):
+        sampled = run.buffer.sample(my_batch, remove=not cfg.reuse)
+        m = replay_rl.update_step_engineered(
+            run.model, run.optimizer, sampled, pad_id=run.tokenizer.pad_token_id,
+            policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
+            normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
+            asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
+            max_grad_norm=cfg.max_grad_norm,
+            loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
+    report.peak_memory(state.round_stats, "train", run.model)
     state.step += 1     # skipped or not: ages count every step taken (or tried)
-    state.rollouts_trained += state.round_batch_size
     state.pending_updates -= 1
-    state.train_seconds += time.perf_counter() - t0
-    state.skipped_steps += m["skipped"]
-    state.skipped_in_a_row = state.skipped_in_a_row + 1 if m["skipped"] else 0
-    buffered = distributed.sums({"rollouts": len(run.buffer)})["rollouts"]
-    log(run, {**m, **stats, "batch_size": state.round_batch_size, "buffer_size": int(buffered),
-              "lr": run.optimizer.param_groups[0]["lr"]})
+    report.count_step(state, m, state.round_batch_size)
+    run.report.row(state, {**m, **state.round_stats, "batch_size": state.round_batch_size,
+              **report.buffer_counts(run.buffer, state), "lr": run.optimizer.param_groups[0]["lr"]})
     if state.skipped_in_a_row >= cfg.max_skipped_steps:
         distributed.exit_all(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss "
                              f"or gradient (skipped, weights unchanged); lower --lr or check the "
@@ -297,23 +305,14 @@ def evaluate(run: Run) -> float:
     errors_before = run.reward.errors
     fns = loading.eval_rewards(task, run.reward)    # eval_accuracy, and GSM8K's eval_strict, eval_lenient
     limit = run.cfg.max_new_tokens or task.max_new_tokens
-    means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
-             if mine else dict.fromkeys(fns, 0.0))
+    with run.stop.abortable():          # cut short: nothing of it kept, a resume evaluates again
+        means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
+                 if mine else dict.fromkeys(fns, 0.0))
     run.model.train()
-    scores = distributed.means({k: (means[k], len(mine)) for k in fns})
-    errors = distributed.sums({"errors": run.reward.errors - errors_before})["errors"]
-    state.eval_reward_errors += int(errors)
-    log(run, {**scores, "eval_reward_errors": state.eval_reward_errors})
-    state.last_accuracy, state.last_eval_round = scores["eval_accuracy"], state.round
-    if state.first_accuracy is None:
-        state.first_accuracy = state.last_accuracy
+    scores = report.count_eval(state, means, len(mine), run.reward.errors - errors_before)
+    run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
     run.report.curves()
     return state.last_accuracy
-
-
-def log(run: Run, row: dict) -> None:
-    """One line of metrics.jsonl (and TensorBoard scalars): the loop's counters, then the row."""
-    run.state.metrics_bytes = run.report.row(run.state, row)
 
 
 def end_of_round(run: Run) -> None:
@@ -321,10 +320,11 @@ def end_of_round(run: Run) -> None:
     cfg, state = run.cfg, run.state
     if cfg.eval_every_tokens or cfg.eval_at_tokens:     # at fixed token counts: curves of runs line up
         if state.gen_tokens >= state.next_eval_tokens:
-            state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
             evaluate(run)
+            state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
     elif state.round % cfg.eval_every == 0:
         evaluate(run)
+    state.round_end_due = False
     run.report.progress(state)
     if cfg.save_every and state.round % cfg.save_every == 0:
         save(run)
@@ -341,12 +341,13 @@ def save(run: Run) -> str:
 
 
 def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
+    """The stop's checkpoint, at a safe point (after a step, or before a phase cut short), then exit."""
     stop.saving()                       # the step finished in time
     path = save(run)
     run.report.close()
     distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: "     # or torchrun
                        f"{distributed.command(f'train.py --resume {run.out}')}", file=sys.stderr)
-    sys.exit(128 + stop.agreed)
+    sys.exit(128 + (stop.agreed or stop.signum))    # cut short: one process, its own signal
 
 
 def finish(run: Run) -> dict:
@@ -372,8 +373,8 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
     distributed.broadcast_tensors([p.data for p in params])
-    # beta2 0.99, not 0.999: the second moment follows the gradient's scale within ~100 steps, as the
-    # policy and its rewards move; no weight decay, which would pull the adapter back to the base
+    # beta2 0.99: the second moment follows the gradient's scale within ~100 steps as the policy and
+    # its rewards move; no weight decay (it would pull the adapter back to the base)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
@@ -394,7 +395,4 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        distributed.exit_all("\ninterrupted again: exited at once, without saving")
+    main()

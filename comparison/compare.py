@@ -19,9 +19,17 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
                 with the importance weight truncated at C = 1 or 4 instead of 2),
                 control_nonzero (replay_nonzero's filter with no reuse: each kept rollout is used
                 once, an update whenever B have been kept; it separates "reuse" from "filtering")
+                replay_big (the replay arm with a buffer of N = 2B: the same uses, older rollouts)
   Each replay arm's control (control_of): replay_y4 and replay_y4_ppo -> control_y4,
   replay_nonzero -> control_nonzero,
   replay_y3 -> none, every other replay arm -> control (same R and B as replay).
+The filtered design (--skip-zero-advantage): every arm stores only the groups whose rewards differ
+(the others carry no gradient) and takes its update once S new rollouts are stored (train.py
+--new-per-update S; each round generates --prompts-per-round x G), so that S plays R's part and each
+stored rollout is used B/S times however many groups the filter drops: on_policy S = B = N (each
+used once, at age 0: dynamic sampling); replay S = B/y, N = B; replay_big S = B/y, N = 2B; control
+S = B = N = B/y; replay_y4 and control_y4 alike at y = 4. Each arm's summary gives its measured uses
+and ages; an on-policy arm whose rollouts were not all used once at age 0 is flagged.
 
 Reading the runs. Every run evaluates when its generated tokens cross the same thresholds, so the
 runs of an arm line up (a round that would leave one eval standing for two thresholds is refused);
@@ -76,7 +84,8 @@ printed as a summary figure only. A curve of another model or task than the runs
 (that is the question "what would these runs cost on my card"), with a line that says so. --summary FILE [--cost FILE]: no runs; the summary's arms read
 again, and which arm reaches the target first, measured and projected, by how much (paired
 intervals). --records DIR: each finished run's compact record (its eval rows, entropy tail, config
-and flags; no checkpoints) as DIR/<arm>/seed<i>.json; a run whose record is there with the same flags
+and flags; no checkpoints) as DIR/<arm>/seed<i>-<key>.json, the key a hash of its flags and starting model
+(so a run with other flags, another lr say, never overwrites it); a run whose record is there with the same flags
 is read from it, not run again, so a comparison resumes from a folder committed to the repository.
 """
 from __future__ import annotations
@@ -102,14 +111,25 @@ import checkpoint  # noqa: E402
 import cli  # noqa: E402
 import train  # noqa: E402
 ARMS = ("on_policy", "replay", "control")
-OPTIONAL_ARMS = ("replay_y3", "replay_y4", "control_y4", "replay_y4_ppo", "replay_pbr", "replay_nonzero", "replay_ppo", "replay_asymre",
-                 "replay_cap1", "replay_cap4", "control_nonzero")
+OPTIONAL_ARMS = ("replay_big", "replay_y3", "replay_y4", "control_y4", "replay_y4_ppo", "replay_pbr", "replay_nonzero",
+                 "replay_ppo", "replay_asymre", "replay_cap1", "replay_cap4", "control_nonzero")
 FIXED_Y = {"replay_y3": 3, "replay_y4": 4, "control_y4": 4, "replay_y4_ppo": 4}     # arms whose y is their own, whatever --replay-ratio
+# --skip-zero-advantage: the arms of the filtered design (S = new stored rollouts per update)
+FILTERED_ARMS = ("on_policy", "replay", "replay_big", "control", "replay_y4", "control_y4")
 
 
-def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
-    """train.py flags that define an arm: prompts per round P (R = P*G), buffer N, batch B, extras."""
+def arm_flags(arm: str, batch: int, y: int, G: int, delta: float, filtered_prompts: int = 0) -> list[str]:
+    """train.py flags that define an arm: prompts per round P (R = P*G), buffer N, batch B, extras.
+    filtered_prompts P > 0: every arm stores only groups whose rewards differ and updates once S new
+    ones are stored (train.py --new-per-update), each round P prompts: S takes R's place below."""
     y = FIXED_Y.get(arm, y)
+    if filtered_prompts:
+        if arm not in FILTERED_ARMS:
+            raise CompareError(f"arm {arm}: not an arm of the filtered design ({', '.join(FILTERED_ARMS)})")
+        S, N, B = {"on_policy": (batch, batch, batch), "replay_big": (batch // y, 2 * batch, batch),
+                   "control": (batch // y,) * 3, "control_y4": (batch // y,) * 3}.get(arm, (batch // y, batch, batch))
+        return ["--prompts-per-round", str(filtered_prompts), "--buffer-size", str(N), "--batch-size", str(B),
+                "--skip-zero-advantage", "--new-per-update", str(S)]
     if arm == "on_policy":
         P, N, B = batch // G, batch, batch
     elif arm in ("control", "control_y4"):
@@ -117,7 +137,7 @@ def arm_flags(arm: str, batch: int, y: int, G: int, delta: float) -> list[str]:
     elif arm == "control_nonzero":          # a queue of kept rollouts, each used once: no eviction before use
         P, N, B = batch // (y * G), batch + batch // y, batch
     else:
-        P, N, B = batch // (y * G), batch, batch
+        P, N, B = batch // (y * G), 2 * batch if arm == "replay_big" else batch, batch
     extra = {"replay_pbr": ["--keep-correct-frac", str(delta)], "replay_nonzero": ["--skip-zero-advantage"],
              "replay_ppo": ["--loss", "ppo"], "replay_y4_ppo": ["--loss", "ppo"], "replay_asymre": ["--loss", "asymre"],
              "replay_cap1": ["--is-cap", "1.0"], "replay_cap4": ["--is-cap", "4.0"],
@@ -130,8 +150,9 @@ class CompareError(ValueError):
 
 
 # ---- one run, read back ------------------------------------------------------------------
-X_KEYS = ("tokens", "seconds", "rounds", "steps")          # where a run is, at an eval
+X_KEYS = ("tokens", "seconds", "cpu_seconds", "rounds", "steps")          # where a run is, at an eval
 EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "eval_accuracy")
+CPU_KEYS = ("gen_cpu_seconds", "train_cpu_seconds")    # records since 2026-12-02: CPU seconds too
 PER_STEP = ("is_ratio_mean", "is_ratio_max", "is_truncated_frac")        # kept per update in a run's record
 
 
@@ -143,9 +164,13 @@ def run_record(run_dir: str) -> dict:
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
-    steps = [r for r in rows if "eval_accuracy" not in r]
+    steps = [r for r in rows if "eval_accuracy" not in r and r.get("updates") != 0]   # nor rounds with none
+    if not steps:
+        raise CompareError(f"{run_dir}: the run took no optimizer step (its metrics.jsonl has no step row): "
+                           "raise the budget, or lower B or S")
     tail = steps[-max(1, len(steps) // 20):]                # entropy: the last 5% of steps
-    return {"config": cfg, "evals": [{k: r[k] for k in EVAL_KEYS} for r in rows if "eval_accuracy" in r],
+    return {"config": cfg, "evals": [{k: r[k] for k in EVAL_KEYS + CPU_KEYS if k in r}
+                                     for r in rows if "eval_accuracy" in r],
             "entropy_tail": [r["rollout_entropy"] for r in tail],
             "staleness": {"truncated_frac": statistics.fmean(r["is_truncated_frac"] for r in steps),
                           "truncated_frac_max": max(r["is_truncated_frac"] for r in steps),
@@ -155,7 +180,13 @@ def run_record(run_dir: str) -> dict:
                           "is_ratio_max": max(r["is_ratio_max"] for r in steps)},
             # every update's staleness (skipped ones included), so any sentence about it can be recomputed
             "per_step": {k: [round(r[k], 5) for r in steps] for k in PER_STEP},
-            "last": {k: rows[-1][k] for k in ("round", "step", "gen_seconds", "train_seconds")}}
+            "last": {k: rows[-1][k] for k in ("round", "step", "gen_seconds", "train_seconds")},
+            # the measured replay: rollouts generated, stored, trained on; those gone from the buffer by
+            # their uses; the ages at which they were trained (runs before these counts: absent)
+            **({"reuse": {**{k: rows[-1][k] for k in ("rollouts_generated", "rollouts_stored", "rollouts_trained")},
+                          "left_by_uses": next(r["left_by_uses"] for r in reversed(rows) if "left_by_uses" in r),
+                          "age_mean": statistics.fmean(r["age_mean"] for r in steps),
+                          "age_max": max(r["age_max"] for r in steps)}} if "rollouts_stored" in rows[-1] else {})}
 
 
 def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
@@ -175,12 +206,16 @@ def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
     return {
         "tokens": [r["gen_tokens"] for r in picks],
         "seconds": [r["gen_seconds"] + r["train_seconds"] for r in picks],
+        # CPU seconds of generation + training (NaN in records older than them)
+        "cpu_seconds": [r["gen_cpu_seconds"] + r["train_cpu_seconds"] if "gen_cpu_seconds" in r else math.nan
+                        for r in picks],
         "rounds": [r["round"] for r in picks], "steps": [r["step"] for r in picks],
         "accuracy": [r["eval_accuracy"] for r in picks],
         "entropy": statistics.mean(tail) if tail else float("nan"), "R": R, "B": B,
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
         **record.get("staleness", {}),          # records written before 2026-12-01 have none (or no ratios)
+        **({"reuse": record["reuse"]} if "reuse" in record else {}),
     }
 
 
@@ -235,7 +270,7 @@ def first_reach_point(curve: dict, target: float) -> dict | None:
 
 def crossing(curve: dict, i: int, before: float, at: float, target: float) -> dict:
     f = (target - before) / (at - before) if before < target < at else 1.0
-    return {k: curve[k][i - 1] + f * (curve[k][i] - curve[k][i - 1]) for k in X_KEYS}
+    return {k: curve[k][i - 1] + f * (curve[k][i] - curve[k][i - 1]) for k in X_KEYS if k in curve}
 
 
 def fall_after_reach(accs: list[float], target: float) -> float | None:
@@ -246,8 +281,9 @@ def fall_after_reach(accs: list[float], target: float) -> float | None:
 
 
 def mean_curve(runs: list[dict]) -> dict[str, list[float]]:
-    return {k: [statistics.fmean(r[k][j] for r in runs) for j in range(len(runs[0][k]))]
-            for k in ("accuracy", *X_KEYS)}
+    # math.fsum / n: statistics.fmean's own sum, the same floats, at half its cost (the bootstrap's inner loop)
+    return {k: [math.fsum(r[k][j] for r in runs) / len(runs) for j in range(len(runs[0][k]))]
+            for k in ("accuracy", *X_KEYS) if k in runs[0]}
 
 
 def target_accuracy(on: list[dict], frac: float = 1.0) -> float:
@@ -312,6 +348,23 @@ def unit_costs(cost: dict | None, sizes: dict[str, tuple[int, int]]) -> dict:
                    for arm, (R, B) in sizes.items()} for name, c in cost["curves"].items()}
 
 
+def share_units(on_policy: list[dict], sizes: dict[str, tuple[int, int]], shares: list[float]) -> dict:
+    """Per share g of generation (a GPU's), each arm's seconds per round and per step projected from
+    the on-policy runs' measured seconds per generated rollout (c_gen) and per trained one (c_train),
+    training's scaled by k so that an on-policy run spends the share g generating:
+        k = G (1 - g) / (g T),  G, T: its generation and training seconds (medians over its runs),
+        per round R c_gen, per step B k c_train     (sizes: {arm: (R, B)}).
+    A projection, not a measurement: the GPU's cost per trained rollout is taken as flat in B."""
+    if not shares:
+        return {}
+    med = lambda f: statistics.median(f(r) for r in on_policy)
+    c_gen = med(lambda r: r["gen_seconds"] / r["rollouts_generated"])
+    c_train = med(lambda r: r["train_seconds"] / r["rollouts_trained"])
+    G, T = med(lambda r: r["gen_seconds"]), med(lambda r: r["train_seconds"])
+    return {f"gen share {100 * g:g}%": {arm: (R * c_gen, B * c_train * G * (1 - g) / (g * T))
+                                        for arm, (R, B) in sizes.items()} for g in shares}
+
+
 # ---- the figures of one set of replicates, and their intervals -------------------------------
 def ratio(a: float, b: float) -> float:
     """a / b of two amounts to the target (inf: not reached): inf when a is not reached, 0 when only b."""
@@ -346,14 +399,14 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
     arms = {}
     for name, runs in results.items():
         curve = mean_curve(runs)
-        point = reach_point(curve, target) or dict.fromkeys(X_KEYS, math.inf)
+        point = reach_point(curve, target) or dict.fromkeys((k for k in X_KEYS if k in curve), math.inf)
         point["projected"] = {c: point["rounds"] * u[name][0] + point["steps"] * u[name][1] for c, u in units.items()}
         # first reach, per replicate (on the mean curve one replicate's early reach is hidden by the others)
         firsts = [first_reach_point(r, target) for r in runs]
         rises = [first_reach_index(r["accuracy"], target) for r in runs]
         falls = [f for f in (fall_after_reach(r["accuracy"], target) for r in runs) if f is not None]
         arms[name] = {**point, "first": {k: statistics.fmean(p[k] for p in firsts) if all(firsts) else math.inf
-                                         for k in X_KEYS},
+                                         for k in X_KEYS if k in curve},
                       "evals_in_rise": statistics.median(rises) if None not in rises else math.inf,
                       "instability": statistics.fmean(falls) if falls else math.inf,
                       "final_accuracy": final_accuracy(curve["accuracy"]),
@@ -361,6 +414,7 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
     for name, ref in default_pairs(results) if pairs is None else pairs:
         a, o = arms[name], arms[ref]
         a["vs"][ref] = {"token_ratio": ratio(a["tokens"], o["tokens"]), "time_ratio": ratio(a["seconds"], o["seconds"]),
+                        "cpu_time_ratio": ratio(a.get("cpu_seconds", math.nan), o.get("cpu_seconds", math.nan)),
                         "first_token_ratio": ratio(a["first"]["tokens"], o["first"]["tokens"]),
                         "first_time_ratio": ratio(a["first"]["seconds"], o["first"]["seconds"]),
                         "projected_ratio": {c: ratio(a["projected"][c], o["projected"][c]) for c in units},
@@ -514,6 +568,15 @@ def starting_model(model: str, task: str, warm_start_seed: int, warm_start_steps
     return os.path.basename(demo_model.cache_path(task_, demo_model.spec(task_, warm_start_steps or None, warm_start_seed)))
 
 
+def record_path(records: str, name: str, argv: list[str], model: str) -> str:
+    """Where a run's record lies: records/<arm>/seed<i>-<key>.json, the key a hash of everything that
+    makes the run what it is (its flags, the lr included, and its starting model), so that a run with
+    other flags never overwrites the record another summary was computed from."""
+    import hashlib
+    key = hashlib.sha256(json.dumps([record_argv(argv), model]).encode()).hexdigest()[:10]
+    return os.path.join(records, f"{name}-{key}.json")
+
+
 def load_record(path: str, argv: list[str], model: str) -> dict | None:
     """The record at path if it is of a run with these flags from this starting model (else None:
     the run is due)."""
@@ -604,6 +667,16 @@ def build_parser() -> cli.OneLineParser:
                         "to the budget (to resolve a rise the uniform grid crosses in 1-3 evals)")
     p.add_argument("--early-evals", type=int, help="evals up to --early-tokens (default 10)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts per eval (default 500)")
+    p.add_argument("--skip-zero-advantage", action="store_true",
+                   help="the filtered design: every arm stores only groups whose rewards differ and updates once "
+                        "S new ones are stored (S = B/y for replay, B for on-policy; see above)")
+    p.add_argument("--prompts-per-round", type=int,
+                   help="with --skip-zero-advantage: prompts per round in every arm (R = this x G generated; "
+                        "default 4)")
+    p.add_argument("--gen-shares", type=float, nargs="*", default=[0.86, 0.96], metavar="SHARE",
+                   help="project each arm's time to the target at these shares of generation in an on-policy "
+                        "run (a GPU's: docs/gpu.md measured 86-96%%): the on-policy runs' measured seconds per "
+                        "generated and per trained rollout, training's scaled to give that share; a projection")
     p.add_argument("--model", default="tiny", help="passed to train.py")
     p.add_argument("--task", default="addition", help="passed to train.py")
     p.add_argument("--quick", action="store_true",
@@ -641,6 +714,16 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--arms must include on_policy (it sets the target)")
     if args.replay_ratio < 2:
         p.error(f"--replay-ratio {args.replay_ratio}: must be >= 2")
+    if args.prompts_per_round is not None and not args.skip_zero_advantage:
+        p.error(f"--prompts-per-round {args.prompts_per_round}: the filtered design's (--skip-zero-advantage); "
+                "the other arms' rounds follow from B, y and G")
+    if args.skip_zero_advantage and args.prompts_per_round is None:
+        args.prompts_per_round = 4
+    if args.skip_zero_advantage and (wrong := [a for a in args.arms if a not in FILTERED_ARMS]):
+        p.error(f"--arms {wrong[0]} with --skip-zero-advantage: the filtered design has the arms "
+                f"{', '.join(FILTERED_ARMS)}")
+    if not all(0 < g < 1 for g in args.gen_shares):
+        p.error(f"--gen-shares {args.gen_shares}: each must be in (0, 1)")
     for y in {args.replay_ratio, *(FIXED_Y[a] for a in args.arms if a in FIXED_Y)}:
         if args.batch_size % (y * args.num_generations):
             p.error(f"--batch-size {args.batch_size} must be a multiple of replay ratio x num_generations "
@@ -652,6 +735,10 @@ def parse(argv=None) -> argparse.Namespace:
     if args.early_tokens and not (0 < args.early_tokens < args.budget_tokens and args.early_evals >= 1):
         p.error(f"--early-tokens {args.early_tokens}: must be in (0, --budget-tokens {args.budget_tokens}), "
                 f"with --early-evals >= 1")
+    if args.early_tokens and len(token_grid(args)) != args.early_evals + args.evals + 1:
+        p.error(f"--early-tokens {args.early_tokens} with --early-evals {args.early_evals} and --evals "
+                f"{args.evals}: at whole-token intervals that gives {len(token_grid(args)) - 1} evals, not "
+                f"{args.early_evals + args.evals}; make --early-tokens a multiple of --early-evals")
     if args.sweep_lr and args.one_model and args.model == "tiny":
         p.error(f"--sweep-lr with {'--quick (one model)' if args.quick else '--one-model'}: the sweep's "
                 "replicates would start from the reported runs' model, so it would not be held out")
@@ -714,11 +801,17 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
     --train-args, which may hold none of them (parse refuses it)."""
     model = ["--warm-start-seed", str(warm_start_seed(args, seed))] if args.model == "tiny" else []
     # Every run evaluates when its generated tokens cross the same thresholds: curves line up.
-    return arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac) + model + [
+    return arm_flags_of(args, arm) + model + [
         "--seed", str(seed), "--lr", str(lr), "--output-dir", out, "--model", args.model, "--task", args.task,
         "--num-generations", str(args.num_generations), "--max-gen-tokens", str(args.budget_tokens),
         "--max-rounds", str(10**9), *eval_flags(token_grid(args)),
         "--eval-prompts", str(args.eval_prompts), "--no-progress"]
+
+
+def arm_flags_of(args, arm: str) -> list[str]:
+    """arm_flags with the comparison's settings."""
+    filtered = args.prompts_per_round if getattr(args, "skip_zero_advantage", False) else 0
+    return arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac, filtered)
 
 
 def plain_flags(args) -> list[str]:
@@ -742,7 +835,7 @@ def compare(args) -> dict:
     cost = load_cost(args.cost) if args.cost else None
     sizes = {}
     for arm in args.arms:
-        flags = arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac)
+        flags = arm_flags_of(args, arm)
         sizes[arm] = (int(flags[1]) * args.num_generations, int(flags[5]))
     unit_costs(cost, sizes)                     # an arm outside the cost curve: refused before any run
 
@@ -767,8 +860,8 @@ def compare(args) -> dict:
         name = os.path.join(arm + tag, f"seed{seed}")
         out = os.path.join(args.output_dir, name)
         argv = plain + own_flags(args, arm, seed, lr, out) + args.train_args
-        path = args.records and os.path.join(args.records, name + ".json")
         model = models[warm_start_seed(args, seed)]
+        path = args.records and record_path(args.records, name, argv, model)
         record = load_record(path, argv, model) if path else None
         if record is None:
             need_model(seed)
@@ -834,6 +927,8 @@ def pair_entry(point: dict, ci: dict) -> dict:
     """figures()'s ratios and differences of one pair, with their intervals, for summary.json."""
     return {"token_ratio": finite(point["token_ratio"]), "token_ratio_ci": finite(ci["token_ratio"]),
             "time_ratio": finite(point["time_ratio"]), "time_ratio_ci": finite(ci["time_ratio"]),
+            **({"cpu_time_ratio": finite(point["cpu_time_ratio"]), "cpu_time_ratio_ci": finite(ci["cpu_time_ratio"])}
+               if not math.isnan(point["cpu_time_ratio"]) else {}),
             "projected_time_ratio": {c: {"ratio": finite(v), "ci": finite(ci["projected_ratio"][c])}
                                      for c, v in point["projected_ratio"].items()},
             "first_reach_token_ratio": finite(point["first_token_ratio"]),
@@ -851,7 +946,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     cost_ratio = statistics.median((r["gen_seconds"] / r["rollouts_generated"]) / (r["train_seconds"] / r["rollouts_trained"])
                            for r in op)
     sizes = {arm: (runs[0]["R"], runs[0]["B"]) for arm, runs in results.items()}
-    units = unit_costs(cost, sizes)
+    curve_units = unit_costs(cost, sizes)
+    units = {**curve_units, **share_units(op, sizes, getattr(args, "gen_shares", []))}
     fig = figures(results, args.target_frac, units)
     ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units)
     target = fig["target"]
@@ -878,7 +974,12 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "intervals": f"90% bootstrap over replicates: each draw takes replicate i of every arm together (one "
                             f"starting model), recomputes the target, and takes every ratio within the draw "
                             f"({args.bootstrap} resamples)",
-               "cost": cost and {k: cost[k] for k in ("file", "about", "interpolation")} | {"curves": list(units)},
+               "cost": cost and {k: cost[k] for k in ("file", "about", "interpolation")} | {"curves": list(curve_units)},
+               "gen_share_projection": getattr(args, "gen_shares", None) and (
+                   "projected, not measured: seconds to the target with each run's rounds charged at the on-policy "
+                   "runs' measured seconds per generated rollout and its steps at their seconds per trained one, "
+                   "training scaled so that an on-policy run spends the share given generating (a GPU's: "
+                   "docs/gpu.md measured 86-96%)"),
                "args": vars(args), "arms": {}}
     # how finely the evals resolve the rise: the evals from the start to each arm's first reach
     evals = {a: finite(f["evals_in_rise"]) for a, f in fig["arms"].items()}
@@ -895,7 +996,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
         entry = {
             "R": R, "B": B, "final_accuracy": f["final_accuracy"],
             "final_accuracy_range": [min(final_accuracy(a) for a in accs), max(final_accuracy(a) for a in accs)],
-            **{f"{k}_to_target": finite(f[k]) for k in X_KEYS}, **{f"{k}_to_target_ci": finite(c[k]) for k in X_KEYS},
+            **{f"{k}_to_target": finite(f[k]) for k in X_KEYS if k in f},
+            **{f"{k}_to_target_ci": finite(c[k]) for k in X_KEYS if k in c},
             "generated_to_target": finite(f["rounds"] * R), "trained_to_target": finite(f["steps"] * B),
             **{f"{k}_to_first_reach": finite(f["first"][k]) for k in ("tokens", "seconds")},
             **{f"{k}_to_first_reach_ci": finite(c["first"][k]) for k in ("tokens", "seconds")},
@@ -914,8 +1016,7 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                 "is_ratio_max": max(r["is_ratio_max"] for r in runs)} if all("is_ratio_mean" in r for r in runs) else {}),
             "gen_seconds": statistics.fmean(r["gen_seconds"] for r in runs),
             "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
-            "flags": " ".join(arm_flags(name, args.batch_size, args.replay_ratio, args.num_generations,
-                                        args.keep_correct_frac)),
+            "flags": " ".join(arm_flags_of(args, name)),
             "curve": {**curve, "min": [min(a[j] for a in accs) for j in range(len(grid))],
                       "max": [max(a[j] for a in accs) for j in range(len(grid))],
                       "projected": {u: [r * g + s * t for r, s in zip(curve["rounds"], curve["steps"])]
@@ -923,6 +1024,14 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
             # each replicate's own run and its own reach of the (mean curve's) target
             "replicates": [{**run, "reach": reach_point(run, target)} for run in runs],
         }
+        if any(math.isnan(x) for r in runs for x in r.get("cpu_seconds", [math.nan])):  # records before them
+            entry = {k: v for k, v in entry.items() if not k.startswith("cpu_seconds")}
+            entry["curve"].pop("cpu_seconds", None)
+            entry["replicates"] = [{k: v for k, v in r.items() if k != "cpu_seconds"} for r in entry["replicates"]]
+            entry["replicates"] = [{**r, "reach": r["reach"] and {k: v for k, v in r["reach"].items()
+                                                                   if k != "cpu_seconds"}} for r in entry["replicates"]]
+        if all("reuse" in r for r in runs):
+            entry["reuse"] = measured_reuse(name, [r["reuse"] for r in runs])
         for ref, point in f["vs"].items():
             pair = pair_entry(point, c["vs"][ref])
             pair["verdict"] = entry_verdict(pair, rise["fastest_evals"])
@@ -938,6 +1047,24 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     for key in ("token_ratio", "time_ratio", "projected_time_ratio"):
         summary[key] = summary["arms"][best][key] if best else None
     return summary
+
+
+def measured_reuse(arm: str, reuse: list[dict]) -> dict:
+    """An arm's replay as its runs measured it (reuse: each replicate's record["reuse"]): the uses of a
+    stored rollout (trained on / stored: the lowest, mean and highest replicate), the share of the
+    generated ones stored, the rollouts gone from the buffer by their uses (summed), the ages they
+    were trained at. An on-policy arm whose rollouts were not each used once, at age 0, is flagged."""
+    uses = [r["rollouts_trained"] / max(r["rollouts_stored"], 1) for r in reuse]
+    longest = max(len(r["left_by_uses"]) for r in reuse)
+    left = [sum((r["left_by_uses"] + [0] * longest)[i] for r in reuse) for i in range(longest)]
+    out = {"uses_per_stored": [min(uses), statistics.fmean(uses), max(uses)],
+           "stored_frac": statistics.fmean(r["rollouts_stored"] / max(r["rollouts_generated"], 1) for r in reuse),
+           "left_by_uses": left, "age_mean": statistics.fmean(r["age_mean"] for r in reuse),
+           "age_max": max(r["age_max"] for r in reuse)}
+    if arm == "on_policy" and (any(n for i, n in enumerate(left) if i != 1) or out["age_max"] > 0):
+        out["flag"] = ("NOT ON-POLICY: its rollouts were not all used once at age 0 (left the buffer by uses "
+                       f"{left}, trained at ages up to {out['age_max']})")
+    return out
 
 
 def fmt(x, spec):
@@ -985,7 +1112,7 @@ def print_table(s: dict) -> None:
                                      f" (by the area alone: {sw['area_choice']:g}; token ratio to on_policy on the "
                                      f"sweep replicates {sw.get('sweep_token_ratio')})")
               + (" (on the edge of the grid)" if sw["on_grid_edge"] else ""))
-    curves = list((s.get("cost") or {}).get("curves", []))
+    curves = list(next(iter(s["arms"].values())).get("projected_seconds_to_target", {}))
     first = "tokens_to_first_reach" in next(iter(s["arms"].values()))     # summaries before 2026-12-01: none
     print(f"{'arm':<16}{'R':>5}{'B':>5}{'final acc':>10}{'range':>11}{'tokens->hold [90%]':>26}"
           f"{'measured s->hold [90%]':>28}" + "".join(f"{'projected s (' + u + ')':>30}" for u in curves)
@@ -1019,8 +1146,9 @@ def print_table(s: dict) -> None:
         first = (f"; to first reach x{fmt_ci(p['first_reach_token_ratio'], p['first_reach_token_ratio_ci'])} tokens; "
                  f"fall after reach {fmt_ci(p['instability_diff'], p['instability_diff_ci'], '+.3f')}"
                  if "first_reach_token_ratio" in p else "")
+        cpu = (f"; CPU time x{fmt_ci(p['cpu_time_ratio'], p['cpu_time_ratio_ci'])}" if "cpu_time_ratio" in p else "")
         return (f"tokens to hold the target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
-                f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{proj}{first}; final accuracy "
+                f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{cpu}{proj}{first}; final accuracy "
                 f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}; entropy "
                 f"{fmt_ci(p['entropy_diff'], p['entropy_diff_ci'], '+.3f')}")
     print("\nagainst on_policy, point [90% interval over replicates]; measured time: seconds in the runs' logs; "
@@ -1035,6 +1163,15 @@ def print_table(s: dict) -> None:
     for name, p in paired.items():
         print(f"{name} / {p['arm']}: {ratios(p)}" + (f" -> {p['verdict']}" if "verdict" in p else ""))
     print(f"best replay arm (tokens): {s['best_replay_arm']}")
+    reuse = {name: a["reuse"] for name, a in s["arms"].items() if "reuse" in a}
+    if reuse:
+        print("\nreplay as measured: uses of a stored rollout (trained on / stored: lowest, mean, highest "
+              "replicate), share of the generated stored, rollouts gone by uses [unused, once, ...], ages")
+    for name, r in reuse.items():
+        lo, mean, hi = r["uses_per_stored"]
+        print(f"{name}: used {mean:.2f} times ({lo:.2f}-{hi:.2f}), {100 * r['stored_frac']:.0f}% stored, "
+              f"gone by uses {r['left_by_uses']}, age {r['age_mean']:.2f} mean, {r['age_max']} max"
+              + (f"  {r['flag']}" if "flag" in r else ""))
 
 
 # ---- the user's decision: which arm reaches the target first on this machine ---------------------

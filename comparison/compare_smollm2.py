@@ -1,5 +1,6 @@
-"""On one GPU, in one command: on_policy / replay / control on SmolLM2-135M-Instruct (--task sums),
-3 replicates each, every run its own process on the same device, then compare.py's summary.
+"""On one GPU, in one command: the SmolLM2 comparison of docs/results.md (on_policy, replay,
+replay_big and control on SmolLM2-135M-Instruct, --task sums, compare.py's filtered design), 5
+replicates each, every run its own process on the same device, then compare.py's summary.
 
     python comparison/compare_smollm2.py --output-dir runs/smollm2_gpu          # the wheel's GGUF
     python comparison/compare_smollm2.py --gguf-parts parts/smollm2.gguf.part-*  # a GGUF sent in parts
@@ -12,11 +13,14 @@ A GGUF is converted once into the model cache (pretrained.py; it needs the gguf 
 registry at hand, `pip install --no-index --find-links WHEELS gguf` from wheels you brought).
 --write-parts DIR does the opposite, here: the wheel's GGUF cut into parts of at most 60 MB.
 
-The arms are compare.py's (B = --batch-size, y = 2): on_policy R = B = N; replay R = B/2, N = B;
-control R = B = N = B/2. Replicate i is RL seed i from the one pretrained model. All --jobs runs go
-at once (default: every run of the comparison), each a process with one CPU thread, sharing the
-GPU; on a CPU they share the cores. The defaults are sized for an H200-class GPU to finish within
-10 minutes (an estimate from docs/gpu.md's per-step figures, not a measurement: see there).
+The arms are compare.py's filtered design (--skip-zero-advantage: only groups whose rewards differ
+are stored, an update once S new ones are; B = --batch-size, y = 2): on_policy S = B = N; replay
+S = B/2, N = B; replay_big S = B/2, N = 2B; control S = B = N = B/2. The defaults are the CPU
+comparison's (docs/results/smollm2_filtered.json), so that a GPU gives the same table. Replicate i
+is RL seed i from the one pretrained model. All --jobs runs go at once (default: every run of the
+comparison), each a process with one CPU thread, sharing the GPU; on a CPU they share the cores.
+On an H200-class GPU they should end within 10 minutes: an estimate from docs/gpu.md's per-step
+figures, never measured (no GPU was at hand when these defaults were set).
 Everything compare.py writes is in --output-dir: the runs, summary.json, curves.png.
 """
 from __future__ import annotations
@@ -35,7 +39,7 @@ import compare  # noqa: E402
 import pretrained  # noqa: E402
 
 PART_BYTES = 60 * 10**6         # a part of --write-parts: at most 60 MB
-ARMS = ("on_policy", "replay", "control")
+ARMS = ("on_policy", "replay", "replay_big", "control")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,14 +52,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "in name order")
     p.add_argument("--write-parts", default="", metavar="DIR", help="cut the GGUF (--gguf, else the wheel's) into "
                    "parts of at most 60 MB in DIR (with a .sha256 of the whole), then exit")
-    p.add_argument("--seeds", type=int, default=3, help="replicates per arm (RL seeds 0, 1, ...)")
+    p.add_argument("--seeds", type=int, default=5, help="replicates per arm (RL seeds 0, 1, ...)")
     p.add_argument("--jobs", type=int, default=0, help="runs at once; 0 = all of them (arms x seeds)")
-    p.add_argument("--batch-size", type=int, default=64, help="B of the on-policy and replay arms")
-    p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
-    p.add_argument("--lr", type=float, default=5e-4, help="every arm's learning rate (train.py --model smollm2's earlier default)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--budget-tokens", type=int, default=60_000, help="generated completion tokens per run")
-    p.add_argument("--evals", type=int, default=10, help="evals per run, at the same token counts in every run")
+    p.add_argument("--batch-size", type=int, default=16, help="B of the on-policy and replay arms")
+    p.add_argument("--num-generations", type=int, default=4, help="G, samples per prompt")
+    p.add_argument("--prompts-per-round", type=int, default=4, help="prompts per round (R = this x G generated)")
+    p.add_argument("--lr", type=float, default=2.5e-4, help="every arm's learning rate (train.py --model smollm2's)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (--model smollm2's)")
+    p.add_argument("--budget-tokens", type=int, default=16_000, help="generated completion tokens per run")
+    p.add_argument("--early-tokens", type=int, default=6_000, help="--early-evals evals up to this many tokens")
+    p.add_argument("--early-evals", type=int, default=6, help="evals up to --early-tokens (where the arms rise)")
+    p.add_argument("--evals", type=int, default=3, help="evals from --early-tokens to the budget")
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per eval")
     p.add_argument("--bootstrap", type=int, default=2000, help="resamples for the paired intervals")
     p.add_argument("--train-args", default="", help="more train.py flags for every run, as one string "
@@ -126,9 +133,12 @@ def compare_argv(args, model: str) -> list[str]:
     """compare.py's flags for this comparison."""
     jobs = args.jobs or len(ARMS) * args.seeds
     return ["--output-dir", args.output_dir, "--model", model, "--task", "sums", "--arms", *ARMS,
+            "--skip-zero-advantage", "--prompts-per-round", str(args.prompts_per_round), "--replay-ratio", "2",
             "--seeds", str(args.seeds), "--jobs", str(jobs), "--batch-size", str(args.batch_size),
             "--num-generations", str(args.num_generations), "--lr", str(args.lr),
             "--budget-tokens", str(args.budget_tokens), "--evals", str(args.evals),
+            *(["--early-tokens", str(args.early_tokens), "--early-evals", str(args.early_evals)]
+              if args.early_tokens else []),
             "--eval-prompts", str(args.eval_prompts), "--bootstrap", str(args.bootstrap),
             "--train-args", f"--temperature {args.temperature} {args.train_args}".strip()]
 

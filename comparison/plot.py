@@ -36,7 +36,9 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
         except json.JSONDecodeError:
             if i < len(lines) - 1:                  # only the last line may be cut short
                 raise ValueError(f"{run_dir}/metrics.jsonl: line {i + 1} is not JSON") from None
-    return [r for r in rows if "eval_accuracy" not in r], [r for r in rows if "eval_accuracy" in r]
+    # (step rows, eval rows); a round without an update has a row too (updates: 0), not a step's
+    return ([r for r in rows if "eval_accuracy" not in r and r.get("updates") != 0],
+            [r for r in rows if "eval_accuracy" in r])
 
 
 def read_config(run_dir: str) -> dict:

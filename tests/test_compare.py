@@ -237,7 +237,7 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
             rows = [json.loads(line) for line in open(folder / "metrics.jsonl")]
             assert rows[-1]["gen_tokens"] >= on_disk["budget_tokens"] == 5_000     # one budget for every run
             # the run read back from its folder and from its record (a few KB, no checkpoints): the same
-            record = records / name / f"seed{seed}.json"
+            (record,) = (records / name).glob(f"seed{seed}-*.json")       # keyed by the run's flags
             assert record.stat().st_size < 20_000
             from_folder = compare.read_record(compare.run_record(str(folder)), on_disk["grid_tokens"])
             assert compare.read_record(json.load(open(record)), on_disk["grid_tokens"]) == from_folder
@@ -251,7 +251,7 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
     assert on_disk["arms"]["on_policy"]["tokens_to_target"] is not None
     arm = on_disk["arms"]["replay"]
     lo, hi = arm["accuracy_diff_ci"]
-    assert lo <= hi and set(arm["projected_time_ratio"]) == {"plain"} and arm["verdict"]
+    assert lo <= hi and set(arm["projected_time_ratio"]) == {"plain", "gen share 86%", "gen share 96%"} and arm["verdict"]
     assert "vs_control" not in arm and len(arm["time_ratio_ci"]) == 2
     assert (out / "curves.png").stat().st_size > 10_000
     # the comparison again, elsewhere, with the records: nothing runs, the same figures
@@ -410,7 +410,7 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
 
 
 def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monkeypatch):
-    """--records: each finished run leaves DIR/<arm>/seed<i>.json; a comparison elsewhere (another output
+    """--records: each finished run leaves DIR/<arm>/seed<i>-<key>.json; a comparison elsewhere (another output
     folder, another machine) with the same flags reads them and runs nothing, builds no model; a changed
     flag runs them again."""
     calls = []
@@ -421,7 +421,8 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
               "--records", str(tmp_path / "records")]
     first = compare.main(common + ["--output-dir", str(tmp_path / "a")])
     assert len([c for c in calls if c[0] == "run"]) == 6 and len([c for c in calls if c[0] == "build"]) == 2
-    record = json.load(open(tmp_path / "records" / "replay" / "seed1.json"))
+    (path,) = (tmp_path / "records" / "replay").glob("seed1-*.json")
+    record = json.load(open(path))
     assert "--output-dir" not in record["argv"] and record["argv"][record["argv"].index("--seed") + 1] == "1"
     assert compare.read_record(record, first["grid_tokens"]) == compare.read_record(
         compare.run_record(str(tmp_path / "a" / "replay" / "seed1")), first["grid_tokens"])
@@ -553,6 +554,8 @@ def test_a_denser_grid_early_and_the_uniform_one_unchanged():
     early = compare.token_grid(ns(budget_tokens=40_000, evals=4, early_tokens=6_000, early_evals=6))
     assert early == [0, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 14_500, 23_000, 31_500, 40_000]
     assert compare.eval_flags(early) == ["--eval-at-tokens", "1000,2000,3000,4000,5000,6000,14500,23000,31500,40000"]
+    with pytest.raises(SystemExit):         # every 2 tokens: 5 evals up to 10, not the 6 asked for
+        compare.parse(["--early-tokens", "10", "--early-evals", "6", "--output-dir", "/tmp/x"])
 
 
 def test_a_models_own_defaults_do_not_reach_the_arms():

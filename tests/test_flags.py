@@ -14,6 +14,7 @@ scores are made up; minimal.main's model calls are recorded.
 """
 import argparse
 import functools
+import glob
 import inspect
 import json
 import os
@@ -74,6 +75,7 @@ max_age                | --max-age 3                    | config   | config   | 
 reuse                  | --no-reuse                     | config   | config   | config  |
 keep_correct_frac      | --keep-correct-frac 0.25       | config   | config   | config  |
 skip_zero_advantage    | --skip-zero-advantage          | config   | config   | config  |
+new_per_update         | --new-per-update 128           | config   | config   | config  |
 loss                   | --loss ppo                     | config   | config   | config  |
 asymre_tau             | --asymre-tau 0.2               | config   | config   | config  | of the asymre loss
 is_cap                 | --is-cap 3                     | config   | config   | config  | (tis)
@@ -140,7 +142,7 @@ COMPARE = {
                   a["rounds_to_target"] * a["R"] / 100 + a["steps_to_target"] * a["B"] / 200)
                   for a in w.summary["arms"].values())),
              ("--cost {tmp}/reward.py", REFUSED)],
-    "records": [("--records {tmp}/rec", lambda w: os.path.isfile(f"{w.tmp}/rec/replay/seed0.json"))],
+    "records": [("--records {tmp}/rec", lambda w: len(glob.glob(f"{w.tmp}/rec/replay/seed0-*.json")) == 1)],
     # --summary runs nothing and writes nothing: its answer is checked in test_compare (decide)
     "summary": [("--summary {tmp}/reward.py", REFUSED)],
     "bootstrap": [("--bootstrap 20", lambda w: w.spied["bootstrap"] == [20] and "(20 resamples)" in w.summary["intervals"])],
@@ -155,6 +157,18 @@ COMPARE = {
                       and w.each("eval_every_tokens") == {0}),
                      ("--early-tokens 99999999", REFUSED)],
     "early_evals": [("--early-evals 4", REFUSED)],          # without --early-tokens
+    "skip_zero_advantage": [("--skip-zero-advantage --batch-size 64 --num-generations 4",
+                             lambda w: w.each("skip_zero_advantage") == {True}
+                             and {c.new_per_update for c in w.arm("on_policy")} == {64}
+                             and {c.new_per_update for c in w.arm("replay")} == {32}
+                             and w.each("prompts_per_round") == {4}),
+                            ("--skip-zero-advantage --arms on_policy replay_pbr", REFUSED)],
+    "prompts_per_round": [("--skip-zero-advantage --prompts-per-round 2 --batch-size 64 --num-generations 4",
+                           lambda w: w.each("prompts_per_round") == {2}),
+                          ("--prompts-per-round 2", REFUSED)],      # without --skip-zero-advantage
+    "gen_shares": [("--gen-shares 0.9", lambda w: "gen_share_projection" in w.summary and all(
+                        set(a["projected_seconds_to_target"]) == {"gen share 90%"} for a in w.summary["arms"].values())),
+                   ("--gen-shares 1.5", REFUSED)],
     "eval_prompts": [("--eval-prompts 100", lambda w: w.each("eval_prompts") == {100})],
     "model": [("--model Qwen/Qwen2.5-0.5B-Instruct",
                lambda w: w.each("model") == {"Qwen/Qwen2.5-0.5B-Instruct"} and w.builds == [])],

@@ -178,15 +178,23 @@ def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(
     parts = compare_smollm2.write_parts(str(tmp_path / "parts"), pretrained.smollm2_gguf())
     assert len(parts) == 2 and all(os.path.getsize(p) <= 60 * 10**6 for p in parts)
     out = str(tmp_path / "out")
+    # a coin for a reward (two new tokens rarely hold the sum): groups whose rewards differ, to store
+    (tmp_path / "coin.py").write_text("import zlib\n"
+                                      "def reward(prompt, completion):\n"
+                                      "    return float(zlib.crc32(completion.encode()) % 2)\n")
     summary = compare_smollm2.main(["--gguf-parts", *reversed(parts), "--output-dir", out, "--seeds", "1",
-                                    "--batch-size", "4", "--num-generations", "2",
-                                    "--budget-tokens", "24", "--evals", "3", "--eval-prompts", "2",
-                                    "--bootstrap", "50", "--train-args", "--max-new-tokens 2 --no-plot"])
+                                    "--batch-size", "4", "--num-generations", "2", "--prompts-per-round", "2",
+                                    "--budget-tokens", "48", "--early-tokens", "0", "--evals", "3",
+                                    "--eval-prompts", "2", "--bootstrap", "50", "--train-args",
+                                    f"--max-new-tokens 2 --no-plot --reward {tmp_path / 'coin.py'}:reward"])
     folder = smollm2[0]
     assert summary["model"] == folder                     # the joined parts are the same file: the cached model
-    assert set(summary["arms"]) == {"on_policy", "replay", "control"}
-    sizes = {arm: (e["R"], e["B"]) for arm, e in summary["arms"].items()}
-    assert sizes == {"on_policy": (4, 4), "replay": (2, 4), "control": (2, 2)}
+    assert set(summary["arms"]) == {"on_policy", "replay", "replay_big", "control"}
+    flags = {arm: e["flags"] for arm, e in summary["arms"].items()}       # the filtered design: S, N, B
+    assert flags["on_policy"].endswith("--buffer-size 4 --batch-size 4 --skip-zero-advantage --new-per-update 4")
+    assert flags["replay_big"].endswith("--buffer-size 8 --batch-size 4 --skip-zero-advantage --new-per-update 2")
+    assert flags["control"].endswith("--buffer-size 2 --batch-size 2 --skip-zero-advantage --new-per-update 2")
+    assert summary["arms"]["on_policy"]["reuse"]["age_max"] == 0 and "flag" not in summary["arms"]["on_policy"]["reuse"]
     assert all(e["seeds"] == 1 for e in summary["arms"].values())
     capsys.readouterr()
     compare.main(["--summary", os.path.join(out, "summary.json")])
@@ -273,7 +281,9 @@ def test_the_committed_cpu_runs_are_of_the_defaults_and_the_docs_state_their_fig
         run = os.path.join(folder, f"seed{seed}")
         saved = json.load(open(os.path.join(run, "config.json")))
         today = dataclasses.asdict(train.parse_config(["--model", "smollm2", "--seed", str(seed)]))
-        differ = {k for k in today if saved.get(k) != today[k]} - {"output_dir", "progress", "max_rounds"}
+        # a field newer than these runs counts as saved with its default (they ran before it existed)
+        differ = ({k for k in today if saved.get(k, getattr(train.Config, k)) != today[k]}
+                  - {"output_dir", "progress", "max_rounds"})
         assert not differ and saved["max_rounds"] == tasks.load_task("sums").max_rounds, differ
         rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
         evals = [(r["round"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]

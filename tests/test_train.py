@@ -77,7 +77,8 @@ def test_replay_ratio_is_printed(tmp_path, capsys, tiny_path):
     assert "replay ratio K*B/R = 6.00" in out and "staleness horizon N/R = 3.0 rounds" in out
     # the end: measured counts only. Round 1 (16 rollouts) fills no batch of 32; round 2 makes 3 updates
     # of 32: 96 trained on from 32 generated
-    assert "rollouts: 32 generated, 96 trained on: each used 3.00 times on average" in out
+    assert ("rollouts: 32 generated, 32 stored (100%), 96 trained on: each stored one used 3.00 times on "
+            "average") in out
     assert "saved" not in out and "% generating)" in out
 
 
@@ -106,7 +107,7 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
                          "--eval-prompts", "200"])
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in rows if "eval_accuracy" in r]
-    steps = [r for r in rows if "eval_accuracy" not in r]
+    steps = [r for r in rows if "loss" in r]
     assert evals[0]["step"] == 0 and evals[0]["gen_tokens"] == 0          # eval before any update
     assert all(REQUIRED <= set(r) for r in steps)
     assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
@@ -201,3 +202,59 @@ def test_docs_metrics_table_names_every_logged_field(tmp_path, tiny_path):
     named = {f for line in doc.splitlines() if line.startswith("| `") for f in
              __import__("re").findall(r"`(\w+)`", line.split("|")[1])}
     assert logged and logged <= named, sorted(logged - named)
+
+
+FILTERED = ["--prompts-per-round", "4", "--num-generations", "4", "--skip-zero-advantage", "--eval-prompts", "20",
+            "--eval-every", "1000", "--no-plot", "--seed", "1"]
+
+
+def rows_of(run):
+    return [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+
+
+def test_new_per_update_makes_a_filtered_run_on_policy(tmp_path, tiny_path, capsys):
+    """S = B = N, K = 1 with the filter (dynamic sampling): every stored rollout is trained on exactly
+    once, at age 0, however few of a round's groups the filter keeps; rounds without an update have
+    their rows; the counts of generated, stored and trained rollouts add up."""
+    run = str(tmp_path / "run")
+    out = train.main(FILTERED + ["--new-per-update", "16", "--buffer-size", "16", "--batch-size", "16",
+                                 "--max-rounds", "12", "--output-dir", run])
+    said = capsys.readouterr().out
+    assert "K*B/S = 1.00 uses per stored rollout" in said and "(on-policy: each used once, at age 0)" in said
+    assert "this is experience replay" not in said
+    rows = rows_of(run)
+    steps = [r for r in rows if "loss" in r]
+    assert steps and all(r["age_max"] == 0 and r["uses_mean"] == 1 for r in steps)
+    assert [r["round"] for r in rows if "eval_accuracy" not in r] == list(range(1, 13))   # a row per round
+    assert len([r for r in rows if r.get("updates") == 0]) == out["idle_rounds"] > 0
+    left = out["left_by_uses"]
+    assert sum(left) and all(n == 0 for i, n in enumerate(left) if i != 1)   # each gone one used once
+    assert out["rollouts_trained"] == 16 * out["step"] == sum(left) + 16 - (out["rollouts_stored"] - 16 * out["step"])
+    assert out["rollouts_generated"] == 16 * 12 > out["rollouts_stored"] and out["age_max"] == 0
+    assert f"{out['rollouts_stored']:,} stored" in said and "each stored one used" in said
+
+
+def test_new_per_update_gives_each_stored_rollout_y_uses(tmp_path, tiny_path, capsys):
+    """S = B/2 with N = B: after the first fill (its first half is used once: it arrived before the
+    first update, the second half twice), every stored rollout is used exactly twice, at ages 0 and 1,
+    whatever the filter keeps of each round."""
+    out = train.main(FILTERED + ["--new-per-update", "8", "--buffer-size", "16", "--batch-size", "16",
+                                 "--max-rounds", "12", "--output-dir", str(tmp_path / "run")])
+    left = out["left_by_uses"]
+    assert left[0] == 0 and left[1] == 8 and sum(left[3:]) == 0 and left[2] > 0
+    assert out["age_max"] == 1
+    steps = [r for r in rows_of(tmp_path / "run") if "loss" in r]
+    assert all(r["uses_mean"] > 1 for r in steps[1:])             # each batch: half fresh, half second use
+    said = capsys.readouterr().out
+    assert "K*B/S = 2.00 uses per stored rollout" in said and "this is experience replay" in said
+
+
+def test_the_smollm2_default_says_its_measured_reuse_differs_from_kbr():
+    """--model smollm2 stores only informative groups: K*B/R counts the generated rollouts, and the
+    start-up line says the stored ones are used more, measured in the summary (no model loaded)."""
+    import report
+    cfg = train.parse_config(["--model", "smollm2"])
+    line = report.replay_line(cfg)
+    assert line.startswith("replay ratio K*B/R = 1.00 uses per rollout; staleness horizon N/R = 2.0 rounds "
+                           "of the rollouts generated; only groups whose rewards differ are stored")
+    assert "measured in the metrics (left_by_uses) and the summary" in line
