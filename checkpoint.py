@@ -7,16 +7,15 @@
         rng.safetensors      torch's RNG streams       buffer-rank<r> and rng-rank<r>)
         state.json           the loop state, the prompt stream (Python's random), the config
 
-Only tensors and JSON are read: no pickles. Also here: the first Ctrl-C / SIGTERM (StopRequest),
-which lets the loop finish its step and save before it exits; and the run folder as one run's:
-a new run never goes into a folder that holds another run's files (``holds_run``), default names
-are unique (``new_run_dir``), and the process that writes a run folder holds its lock (``lock_run``).
+Only tensors and JSON are read: no pickles. Also here, how a run that stops goes on: the first
+Ctrl-C / SIGTERM (StopRequest), which lets the loop finish its step and save before it exits, and
+the one line that names the checkpoint to resume from (how_to_go_on, disk_full_message). The run
+folder these live in (one run's, one writer, a full disk as one line) is runfolder.py's.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -24,12 +23,12 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import torch
 
 import distributed
+import runfolder
 
 
 @dataclass
@@ -167,149 +166,6 @@ def newest_readable(run_dir: str) -> Checkpoint | None:
     return None
 
 
-DISK_FULL = "the disk is full"
-QUOTA = "the disk quota is exceeded"
-FILE_SIZE_LIMIT = "the file size limit is reached"
-
-
-class DiskFull(Exception):
-    """A write stopped by a limit of the file system (``no_space``): ``path`` the file, ``run_dir``
-    its run folder, ``reason`` which limit. train.py makes it one line (``disk_full_message``)."""
-
-    def __init__(self, run_dir: str, path: str, reason: str = DISK_FULL):
-        super().__init__(path)
-        self.run_dir, self.path, self.reason = run_dir, path, reason
-
-
-def no_space(e: BaseException | None, path: str | None = None) -> str | None:
-    """Which limit stopped a write, if one did (DISK_FULL, QUOTA or FILE_SIZE_LIMIT), else None.
-    From the exception's chain: an OSError's errno, or its words (safetensors reports in words).
-    torch.save reports any failed write as a bare RuntimeError ('basic_ios::clear: iostream
-    error', 'unexpected pos ...'), so an OSError or a RuntimeError is also judged by ``path``, the
-    file or folder being written, looked at before anything is removed: its file system (almost)
-    out of space or inodes (a write that ran out used up what was left), or a file there as large
-    as this process may write (RLIMIT_FSIZE: `ulimit -f`)."""
-    raised, seen = e, set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        code, words = getattr(e, "errno", None), str(e)
-        if code == errno.ENOSPC or "No space left on device" in words:
-            return DISK_FULL
-        if code == errno.EDQUOT or "Disk quota exceeded" in words:
-            return QUOTA
-        if code == errno.EFBIG or "File too large" in words:
-            return FILE_SIZE_LIMIT
-        e = e.__cause__ or e.__context__
-    if path is None or not isinstance(raised, (OSError, RuntimeError)):
-        return None
-    try:
-        if nearly_full(path):
-            return DISK_FULL
-        if at_file_size_limit(path):
-            return FILE_SIZE_LIMIT
-    except OSError:                     # the folder gone, say: no judgement, the error as it was
-        pass
-    return None
-
-
-def nearest_existing(path: str) -> str:
-    """path, or the nearest folder above it that exists."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return path
-
-
-def nearly_full(path: str) -> bool:
-    """Whether the file system that holds path has no inode left, or (almost) no space: under
-    16 MiB and under 5% of its size. A write that ran out of space used up what was left (the
-    margin: what a file system may keep back when it refuses a write)."""
-    if not hasattr(os, "statvfs"):     # Windows
-        return False
-    disk = os.statvfs(nearest_existing(path))
-    if disk.f_files and disk.f_favail == 0:
-        return True
-    free = disk.f_bavail * disk.f_frsize
-    return free < min(16 << 20, disk.f_blocks * disk.f_frsize / 20)
-
-
-def file_size_limit() -> int | None:
-    """The most bytes a file of this process may hold (RLIMIT_FSIZE, `ulimit -f`), or None."""
-    try:
-        import resource
-    except ImportError:                 # Windows
-        return None
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return None if limit == resource.RLIM_INFINITY else limit
-
-
-def at_file_size_limit(path: str) -> bool:
-    """Whether a file at path (or in the folder path) has reached file_size_limit()."""
-    limit = file_size_limit()
-    if limit is None or not os.path.exists(path):
-        return False
-    files = ([path] if os.path.isfile(path) else
-             [os.path.join(d, f) for d, _, names in os.walk(path) for f in names])
-    return any(os.path.getsize(f) >= limit for f in files)
-
-
-def limit_in_words(reason: str, folder: str) -> tuple[str, str]:
-    """(where the limit is, what lifts it) for a write that ``reason`` stopped in ``folder``:
-    ('no space left on the disk mounted at /data, which holds /data/run', 'free space')."""
-    mount = os.path.realpath(nearest_existing(folder))
-    while not os.path.ismount(mount):
-        mount = os.path.dirname(mount)
-    if reason == FILE_SIZE_LIMIT:
-        if (limit := file_size_limit()) is not None:
-            return f"this process may write no file over {limit} bytes", "raise it (ulimit -f)"
-        return f"the disk mounted at {mount} takes no larger file", "use another disk"
-    left = "quota" if reason == QUOTA else "space"
-    return f"no {left} left on the disk mounted at {mount}, which holds {folder}", "free space"
-
-
-def disk_full_message(e: DiskFull) -> str:
-    """One line: the limit, the file, the disk, the last checkpoint (intact) and how to go on."""
-    where, fix = limit_in_words(e.reason, e.run_dir)
-    last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
-    resume = distributed.command(f"train.py --resume {e.run_dir}")
-    then = (f"the last checkpoint, {last}, is intact: {fix}, then {resume}" if last else
-            f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
-            if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
-            f"nothing of the run was saved yet: {fix} and start it again")
-    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
-
-
-@contextlib.contextmanager
-def full_disk_as_one_line(run_dir: str, path, cleanup: str | None = None):
-    """Within this block a write stopped by a full disk, a quota or the file size limit (no_space)
-    raises DiskFull(run_dir, path) (path: a string, or a function that gives the file being
-    written when it failed), after removing ``cleanup`` (a half-written folder); other errors pass
-    unchanged."""
-    try:
-        yield
-    except Exception as e:
-        file = path() if callable(path) else path
-        reason = no_space(e, file)
-        if not reason:
-            raise
-        if cleanup:
-            shutil.rmtree(cleanup, ignore_errors=True)
-        raise DiskFull(run_dir, file, reason) from None
-
-
-def write_json(path: str, obj, indent: int | None = None) -> None:
-    """obj as JSON at path, whole or not at all: written to path.tmp, then renamed over path; a failed
-    write (a full disk, say) removes the .tmp and raises, leaving the previous file as it was."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=indent)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def swap_in(new: str, final: str, old: str) -> None:
     """The complete folder ``new`` renamed to ``final``; a folder already there is first renamed
     to ``old``, then removed: no moment without one of the two complete (a folder cannot be
@@ -333,10 +189,10 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then renamed in (``swap_in``: a round saved again replaces its folder
     only once the new one is whole). A crash or a kill at any moment leaves a complete checkpoint
-    that ``find`` returns; a full disk (or another limit: no_space) removes the half-written one
-    and raises DiskFull naming the file it was writing. Every rank calls it (each writes its
-    buffer shard and RNG state). state: the loop state (its round names the folder); config: the
-    run's (keep_checkpoints: how many stay); rng: the prompt stream."""
+    that ``find`` returns; a full disk (or another limit: runfolder.no_space) removes the
+    half-written one and raises DiskFull naming the file it was writing. Every rank calls it (each
+    writes its buffer shard and RNG state). state: the loop state (its round names the folder);
+    config: the run's (keep_checkpoints: how many stay); rng: the prompt stream."""
     from safetensors.torch import save_file
 
     round = state["round"]
@@ -350,7 +206,7 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
         current = os.path.join(tmp, name)
         return current
 
-    with full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
+    with runfolder.full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
         if distributed.is_main():       # what a killed save left (this process holds the lock)
             settle(run_dir)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -428,7 +284,7 @@ def save_adapter(model, folder: str) -> None:
     if distributed.is_main():
         parent, name = os.path.split(folder.rstrip("/"))
         tmp, old = os.path.join(parent, f".tmp-{name}"), os.path.join(parent, f".old-{name}")
-        with full_disk_as_one_line(parent, tmp, cleanup=tmp):
+        with runfolder.full_disk_as_one_line(parent, tmp, cleanup=tmp):
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(old, ignore_errors=True)
             model.save_pretrained(tmp)
@@ -458,96 +314,17 @@ def drop_after(run_dir: str, round: int) -> None:
                 remove_round(run_dir, int(m.group(2)))
 
 
-# ---- the run folder: one run's, written by one process at a time ------------------------------
-def holds_run(run_dir: str) -> bool:
-    """Whether a folder holds a run's files: its config, its metrics or a checkpoint."""
-    if not os.path.isdir(run_dir):
-        return False
-    return any(name in ("config.json", "metrics.jsonl")
-               or re.fullmatch(r"(\.tmp-|\.old-)?checkpoint-\d+", name)
-               for name in os.listdir(run_dir))
-
-
-def new_run_dir(parent: str = "runs") -> str:
-    """A new, empty folder parent/<time>, made here; parent/<time>-2, -3, ... when another run
-    started in the same second took that name (mkdir is atomic: two runs never share one)."""
-    os.makedirs(parent, exist_ok=True)
-    base = os.path.join(parent, time.strftime("%Y%m%d-%H%M%S"))
-    for i in range(1, 10_000):
-        path = base if i == 1 else f"{base}-{i}"
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"no free run folder name under {parent}")
-
-
-class RunFolderBusy(Exception):
-    """Another live process holds the folder's lock; the message is one line."""
-
-
-_locks: dict[str, int] = {}             # lock file -> its open, locked descriptor (this process)
-
-
-def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a resume in progress",
-                other: str = "--output-dir") -> None:
-    """Take the lock folder/name (an OS file lock) for as long as this process writes there; raises
-    RunFolderBusy, naming the holder's pid, ``what`` it does and the flag ``other`` that picks
-    another place, if another process holds it (DiskFull if the lock file cannot be written). A
-    POSIX record lock (lockf): the OS releases it when this process ends, however it ends (a crash,
-    SIGKILL), even while processes it forked live on (they do not inherit it), so a lock is never
-    stale: the file that stays names the last process that held it, nothing more. Such a lock also
-    ends when this process closes any descriptor of the lock file, so the one opened here stays
-    open and the file is opened nowhere else. train.py locks its run folder (.lock), compare.py its
-    comparison folder, evaluate.py the file it writes (.eval.json.lock). Rank 0 alone (the others
-    write no run files). Without fcntl (Windows) there is no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    path = os.path.realpath(os.path.join(folder, name))
-    if not distributed.is_main() or path in _locks:
-        return
-    with full_disk_as_one_line(folder, path):
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 100).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise RunFolderBusy(f"{folder} is being written by {holder} ({what}): wait for it to end, "
-                            f"or use another {other}") from None
-    _locks[path] = fd
-    with full_disk_as_one_line(folder, path):   # unbuffered: nothing is left to flush at exit
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
-
-
-def claim_run_folder(output_dir: str) -> str:
-    """train.py's run folder, locked: output_dir, or rank 0's runs/<time> (the processes' clocks
-    may straddle a second). One that another process holds is a one-line exit on every rank."""
-    out = distributed.broadcast(output_dir or (new_run_dir() if distributed.is_main() else ""))
-    busy = ""
-    try:                                # one process writes a run folder at a time
-        lock_run(out)
-    except RunFolderBusy as e:
-        busy = str(e)
-    if busy := distributed.broadcast(busy):
-        distributed.exit_all(f"error: {busy}", 2)
-    return out
-
-
-def lock_run(run_dir: str) -> None:
-    """train.py's lock on its run folder (run_dir/.lock): see lock_folder."""
-    lock_folder(run_dir)
-
-
-def unlock_runs() -> None:
-    """Release this process's folder locks (a run in this process ended)."""
-    while _locks:
-        os.close(_locks.popitem()[1])
+# ---- a run that stops: how it goes on, and the first Ctrl-C -------------------------------------
+def disk_full_message(e: runfolder.DiskFull) -> str:
+    """One line: the limit, the file, the disk, the last checkpoint (intact) and how to go on."""
+    where, fix = runfolder.limit_in_words(e.reason, e.run_dir)
+    last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
+    resume = distributed.command(f"train.py --resume {e.run_dir}")
+    then = (f"the last checkpoint, {last}, is intact: {fix}, then {resume}" if last else
+            f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
+            if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
+            f"nothing of the run was saved yet: {fix} and start it again")
+    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
 
 
 class Interrupted(BaseException):

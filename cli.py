@@ -18,6 +18,7 @@ import checkpoint
 import distributed
 import pretrained
 import report
+import runfolder
 import tasks
 
 # The knobs in the order that frees the most, measured on an H200 (a 0.5B model, 64 rollouts a
@@ -138,7 +139,7 @@ def parse(config_class, argv=None, description: str = ""):
         same = {k: saved_value[k] for k in RESUME_FIXED if k in given}     # kept as saved
         cfg = config_class(**{**config, **given, **same, "resume": saved.path,
                               "output_dir": run_dir})
-    elif cfg.output_dir and checkpoint.holds_run(cfg.output_dir):
+    elif cfg.output_dir and runfolder.holds_run(cfg.output_dir):
         parser.error(f"--output-dir {cfg.output_dir}: it holds a run; continue it with --resume "
                      f"{cfg.output_dir}, or give another --output-dir")
     problem = config_problem(cfg)

@@ -33,6 +33,7 @@ import distributed
 import loading
 import report
 import rollout
+import runfolder
 import train
 
 BATCH = 256             # samples generated at once for pass@n
@@ -89,12 +90,12 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--output {args.output}: a folder; name the JSON file to write")
     folder, name = os.path.split(os.path.abspath(args.output))
     try:        # one writer of a file at a time: a second evaluate.py onto it is refused here
-        checkpoint.lock_folder(folder, f".{name}.lock", what="an evaluate.py writing it",
+        runfolder.lock_folder(folder, f".{name}.lock", what="an evaluate.py writing it",
                                other="--output")
-    except checkpoint.RunFolderBusy as e:
+    except runfolder.RunFolderBusy as e:
         p.error(f"{args.output}: {e}")
-    except checkpoint.DiskFull as e:
-        where, fix = checkpoint.limit_in_words(e.reason, folder)
+    except runfolder.DiskFull as e:
+        where, fix = runfolder.limit_in_words(e.reason, folder)
         p.error(f"--output {args.output}: cannot be written ({e.reason}: {where}); {fix}")
     except OSError as e:
         p.error(f"--output {args.output}: cannot be written ({e.strerror or e})")
@@ -242,15 +243,15 @@ def main(argv=None) -> dict:
 
 
 def write(path: str, result: dict) -> None:
-    """eval.json written whole or not at all; a full disk (or another limit: checkpoint.no_space)
+    """eval.json written whole or not at all; a full disk (or another limit: runfolder.no_space)
     is one line."""
     try:
-        checkpoint.write_json(path, result, indent=2)
+        runfolder.write_json(path, result, indent=2)
     except OSError as e:
-        reason = checkpoint.no_space(e, path)
+        reason = runfolder.no_space(e, path)
         if not reason:
             raise
-        where, fix = checkpoint.limit_in_words(reason, os.path.dirname(path) or ".")
+        where, fix = runfolder.limit_in_words(reason, os.path.dirname(path) or ".")
         sys.exit(f"error: {reason}: {path} could not be written ({where}); the figures above are "
                  f"all it held: {fix} and run evaluate.py again")
 

@@ -1,6 +1,7 @@
 """What a run writes and prints: metrics.jsonl, TensorBoard scalars or a Weights & Biases run,
-curves.png, the progress bar and the end-of-run summary. Rank 0 writes and prints; on the other ranks of a torchrun job the
-same calls do nothing, so the loop calls them on every rank alike.
+curves.png (drawn by curves.py), the progress bar and the end-of-run summary. Rank 0 writes and
+prints; on the other ranks of a torchrun job the same calls do nothing, so the loop calls them on
+every rank alike.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import time
 
 import torch
 
-import checkpoint
 import distributed
+import runfolder
+from curves import plot_run
 
 
 # the loop's counters, at the head of every line of metrics.jsonl
@@ -64,7 +66,7 @@ class Report:
             return
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
         # a full disk: one line (train.py); a resume cuts the partial line off
-        with checkpoint.full_disk_as_one_line(self.run_dir, self.metrics.name):
+        with runfolder.full_disk_as_one_line(self.run_dir, self.metrics.name):
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
         if self.board is not None:
@@ -81,8 +83,7 @@ class Report:
         if not self.plot:
             return
         try:
-            from comparison import plot     # the harness's drawing of one run's curves
-            plot.plot_run(self.run_dir)
+            plot_run(self.run_dir)
         except Exception as e:      # a figure is not worth a run (a full disk, a matplotlib quirk)
             print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)
 
@@ -164,7 +165,7 @@ class WandbRun:
         if self.line >= self.held:
             self.run.log({k: v for k, v in row.items() if not isinstance(v, list)}, step=self.line)
             self.held = self.line + 1
-            checkpoint.write_json(self.path, {"id": self.run.id, "lines": self.held, "config": self.config})
+            runfolder.write_json(self.path, {"id": self.run.id, "lines": self.held, "config": self.config})
         self.line += 1
 
 
@@ -275,8 +276,8 @@ def save_config(run_dir: str, config: dict) -> None:
     if distributed.is_main():
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, "config.json")
-        with checkpoint.full_disk_as_one_line(run_dir, path):      # a full disk: one line (train.py)
-            checkpoint.write_json(path, config, indent=2)          # whole or not at all
+        with runfolder.full_disk_as_one_line(run_dir, path):      # a full disk: one line (train.py)
+            runfolder.write_json(path, config, indent=2)          # whole or not at all
 
 
 def say(cfg, text: str) -> None:

@@ -29,12 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import cli  # noqa: E402
-import compare  # noqa: E402
+import records  # noqa: E402
 
 
 def environment(out: str, threads: int) -> dict:
     """``threads`` torch threads, and the models of that thread count in a cache of their own."""
-    return compare.threads_env(threads, REPLAY_RL_CACHE=os.path.join(out, f"models-t{threads}"), HF_HUB_OFFLINE="1",
+    return records.threads_env(threads, REPLAY_RL_CACHE=os.path.join(out, f"models-t{threads}"), HF_HUB_OFFLINE="1",
                                HF_DATASETS_OFFLINE="1")
 
 
@@ -51,7 +51,7 @@ def run_cell(out: str, task: str, ws: int, threads: int, seed: int, extra: list[
         if cell.get("argv") == argv:
             return cell
     start = time.perf_counter()
-    compare.run_train(argv, run_dir, environment(out, threads))
+    records.run_train(argv, run_dir, environment(out, threads))
     seconds = time.perf_counter() - start
     evals = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if "eval_accuracy" in r]
     cell = {"warm_start_seed": ws, "threads": threads, "seed": seed, "first": evals[0]["eval_accuracy"],
@@ -87,7 +87,7 @@ def main(argv=None) -> list[dict]:
         mine = [c for c in cells if c[1] == threads]
         workers = args.parallel if threads == 1 else 1
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ws: compare.build_tiny_model(args.task, ws, env=environment(args.output_dir, threads)),
+            list(pool.map(lambda ws: records.build_tiny_model(args.task, ws, env=environment(args.output_dir, threads)),
                           args.warm_start_seeds))
             for cell in pool.map(lambda c: run_cell(args.output_dir, args.task, *c, extra), mine):
                 print(line(cell, args.goal), flush=True)

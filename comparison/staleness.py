@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import cli  # noqa: E402
-import compare  # noqa: E402
+import records  # noqa: E402
 
 SETTINGS = {
     "y2 (default)": [],
@@ -41,9 +41,9 @@ SETTINGS = {
 def run(out: str, name: str, ws: int) -> dict:
     """One run of a setting from warm start ws (RL seed ws), one thread; run again only if its flags changed."""
     folder = os.path.join(out, name.replace(" ", "").replace(",", "_").replace("=", ""), f"ws{ws}")
-    compare.run_train(["--task", "columns", "--warm-start-seed", str(ws), "--seed", str(ws), "--eval-every", "10",
+    records.run_train(["--task", "columns", "--warm-start-seed", str(ws), "--seed", str(ws), "--eval-every", "10",
                        "--no-progress", "--no-plot", "--output-dir", folder, *SETTINGS[name]], folder,
-                      compare.threads_env(1, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+                      records.threads_env(1, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     return figures(folder)
 
 

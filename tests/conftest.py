@@ -95,7 +95,7 @@ def compare_runs(monkeypatch):
     monkeypatch.setattr(compare, "build_tiny_model",
                         lambda task, seed, steps=0: seen.builds.append((task, seed, steps)))
     def run_train(argv, out):
-        shutil.rmtree(out, ignore_errors=True)          # as compare.run_train: a run not done runs afresh
+        shutil.rmtree(out, ignore_errors=True)          # as records.run_train: a run not done runs afresh
         seen.runs.append((out, train.parse_config(argv)))
         fake_train(argv, out)
 

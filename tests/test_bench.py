@@ -26,8 +26,8 @@ def test_bench_ends_with_a_json_line_of_its_figures(tiny_path, capsys):
 
 
 def test_cost_curve_times_what_train_py_runs_and_compare_reads_it(tiny_path, tmp_path, capsys):
-    import compare
     import cost
+    import stats
     path = str(tmp_path / "cost.json")
     forced = cost.main(["--sizes", "8", "16", "--repeats", "3", "--force-length", "--output", path])
     assert forced == json.load(open(path)) and forced["threads"] == 1 and "alone" in forced["conditions"]
@@ -38,7 +38,7 @@ def test_cost_curve_times_what_train_py_runs_and_compare_reads_it(tiny_path, tmp
     assert [p["R"] for p in forced["generation"]["plain"]] == [8, 16] and "fast" not in forced["generation"]
     assert all(len(p["runs"]) == 3 and p["seconds"] == sorted(p["runs"])[1] for p in points)   # the median
     # compare.py reads the file: at a measured size the projection uses that point's seconds exactly
-    units = compare.unit_costs(compare.load_cost(path), {"on_policy": (16, 8)})
+    units = stats.unit_costs(stats.load_cost(path), {"on_policy": (16, 8)})
     assert units["plain"]["on_policy"] == (forced["generation"]["plain"][1]["seconds"], forced["training"][0]["seconds"])
     # sampled (the default): the demo's answers end before the limit, as in a run
     sampled = cost.main(["--sizes", "8", "--repeats", "1", "--output", path])
@@ -52,8 +52,8 @@ def test_demo_matrix_passes_its_flags_on_and_runs_one_thread_cells_side_by_side(
     flag passed through), with train.py replaced by a stub that writes two evals: the cells' flags and
     thread count reach train.py, two 1-thread cells run at once, a finished cell is read back."""
     import threading
-    import compare
     import demo_matrix
+    import records
     both = threading.Barrier(2, timeout=2)          # passes only if two cells run at the same time
     calls = []
 
@@ -65,8 +65,8 @@ def test_demo_matrix_passes_its_flags_on_and_runs_one_thread_cells_side_by_side(
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
             for acc in (0.25, 0.25 + 0.3 * (seed + 1)):              # gains 0.3 and 0.6
                 f.write(json.dumps({"eval_accuracy": acc}) + "\n")
-    monkeypatch.setattr(compare, "build_tiny_model", lambda *a, **k: None)
-    monkeypatch.setattr(compare, "run_train", fake_train)
+    monkeypatch.setattr(records, "build_tiny_model", lambda *a, **k: None)
+    monkeypatch.setattr(records, "run_train", fake_train)
     argv = ["--output-dir", str(tmp_path), "--task", "columns", "--warm-start-seeds", "0", "1", "--threads", "1",
             "--rl-seeds", "3", "--parallel", "2", "--goal", "0.5", "--max-rounds", "7"]
     cells = demo_matrix.main(argv)

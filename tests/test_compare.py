@@ -6,6 +6,9 @@ import types
 import pytest
 
 import compare
+import readout
+import records
+import stats
 import train
 from conftest import cost_file, fake_train
 
@@ -13,18 +16,18 @@ from conftest import cost_file, fake_train
 def test_reach_needs_the_target_held_not_one_lucky_eval():
     target = 0.464
     # a lucky last eval: the median of the last three is 0.40
-    assert compare.reach_index([0.30, 0.40, 0.40, 0.40, 0.40, 0.47], target) is None
+    assert stats.reach_index([0.30, 0.40, 0.40, 0.40, 0.40, 0.47], target) is None
     # a lucky early eval, everything after it below
-    assert compare.reach_index([0.30, 0.60, 0.40, 0.40, 0.30, 0.30], target) is None
+    assert stats.reach_index([0.30, 0.60, 0.40, 0.40, 0.30, 0.30], target) is None
     # held from index 3 (its neighbourhood 0.47, 0.30, 0.50 has median 0.47: the 0.30 is the outlier);
     # index 2's neighbourhood 0.40, 0.47, 0.30 has median 0.40
-    assert compare.reach_index([0.30, 0.40, 0.47, 0.30, 0.50, 0.48, 0.47], target) == 3
-    assert compare.reach_index([0.1, 0.2, 0.5, 0.5, 0.5, 0.5], 0.5) == 2
+    assert stats.reach_index([0.30, 0.40, 0.47, 0.30, 0.50, 0.48, 0.47], target) == 3
+    assert stats.reach_index([0.1, 0.2, 0.5, 0.5, 0.5, 0.5], 0.5) == 2
     # reached, then lost: not held, so not reached
-    assert compare.reach_index([0.1, 0.5, 0.5, 0.5, 0.2, 0.2], 0.5) is None
+    assert stats.reach_index([0.1, 0.5, 0.5, 0.5, 0.2, 0.2], 0.5) is None
     # a curve always reaches its own final accuracy (the median of its last three evals)
     for accs in ([0.1, 0.3, 0.2, 0.5, 0.4, 0.45], [0.5, 0.4, 0.3, 0.2, 0.1, 0.05], [0.2, 0.2, 0.2]):
-        assert compare.reach_index(accs, compare.final_accuracy(accs)) is not None
+        assert stats.reach_index(accs, stats.final_accuracy(accs)) is not None
 
 
 def run_of(accs, R=100, B=100, rounds=None, tokens_per_rollout=10, entropy=0.5):
@@ -42,16 +45,16 @@ def test_the_crossing_is_interpolated_between_the_eval_before_and_the_reach():
           "steps": [0, 2, 4, 6, 8, 10]}
     # smoothed: 0.2, 0.4, 0.6, 0.6 at evals 1-4: the reach is eval 3 (0.6), the eval before has 0.4, so the
     # target 0.5 is crossed halfway between them
-    point = compare.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.5)
+    point = stats.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.5)
     assert point == {"tokens": 250, "seconds": 5.0, "rounds": 2.5, "steps": 5.0}
     # a quarter of the way: (0.45 - 0.4) / (0.6 - 0.4)
-    assert compare.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.45)["tokens"] == pytest.approx(225)
+    assert stats.reach_point({"accuracy": [0.1, 0.2, 0.4, 0.6, 0.6, 0.6], **xs}, 0.45)["tokens"] == pytest.approx(225)
     # reached at eval 1: the eval before is eval 0, unsmoothed: (0.5 - 0.2) / (0.8 - 0.2) of the way
     short = {k: v[:4] for k, v in xs.items()}
-    assert compare.reach_point({"accuracy": [0.2, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == pytest.approx(50)
+    assert stats.reach_point({"accuracy": [0.2, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == pytest.approx(50)
     # a curve that starts above the target: no crossing to place, the reach eval itself (as before)
-    assert compare.reach_point({"accuracy": [0.9, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == 100
-    assert compare.reach_point({"accuracy": [0.1, 0.2, 0.2, 0.2], **short}, 0.5) is None
+    assert stats.reach_point({"accuracy": [0.9, 0.8, 0.8, 0.8], **short}, 0.5)["tokens"] == 100
+    assert stats.reach_point({"accuracy": [0.1, 0.2, 0.2, 0.2], **short}, 0.5) is None
 
 
 def test_figures_against_on_policy_by_hand_and_a_linear_cost_curve_is_the_mu_projection(tmp_path):
@@ -60,9 +63,9 @@ def test_figures_against_on_policy_by_hand_and_a_linear_cost_curve_is_the_mu_pro
     # halfway, at 1.5 rounds and steps
     rep = [run_of([0.1, 0.3, 0.7, 0.7, 0.7, 0.7], R=50, B=100, entropy=0.5)]
     a, b = 0.01, 0.002                                   # gen(R) = a R, train(B) = b B: mu = a / b = 5
-    cost = compare.load_cost(cost_file(tmp_path / "c.json", lambda R: a * R, lambda B: b * B))
-    units = compare.unit_costs(cost, {"on_policy": (100, 100), "replay": (50, 100)})
-    fig = compare.figures({"on_policy": on, "replay": rep}, 1.0, units)
+    cost = stats.load_cost(cost_file(tmp_path / "c.json", lambda R: a * R, lambda B: b * B))
+    units = stats.unit_costs(cost, {"on_policy": (100, 100), "replay": (50, 100)})
+    fig = stats.figures({"on_policy": on, "replay": rep}, 1.0, units)
     # target: the median of on-policy's last three, 0.5, reached (with s = 0.5 exactly) at eval 4
     assert fig["target"] == pytest.approx(0.5)
     assert fig["arms"]["on_policy"]["tokens"] == 4000 and fig["arms"]["replay"]["tokens"] == pytest.approx(750)
@@ -75,7 +78,7 @@ def test_figures_against_on_policy_by_hand_and_a_linear_cost_curve_is_the_mu_pro
     assert vs["projected_ratio"]["plain"] == pytest.approx(by_mu) and by_mu == pytest.approx(525 / 2400)
     assert vs["accuracy_diff"] == pytest.approx(0.7 - 0.5) and vs["entropy_diff"] == pytest.approx(-0.1)
     never = [run_of([0.1] * 6, R=50, B=100)]
-    vs = compare.figures({"on_policy": on, "replay": never}, 1.0, units)["arms"]["replay"]["vs"]["on_policy"]
+    vs = stats.figures({"on_policy": on, "replay": never}, 1.0, units)["arms"]["replay"]["vs"]["on_policy"]
     assert vs["token_ratio"] == vs["projected_ratio"]["plain"] == float("inf")
 
 
@@ -91,9 +94,9 @@ def arms_reaching_at_equal_tokens():
 
 def test_a_flat_generation_curve_favours_big_rounds(tmp_path):
     results = arms_reaching_at_equal_tokens()
-    cost = compare.load_cost(cost_file(tmp_path / "flat.json", lambda R: 1.0, lambda B: 0.001 * B))
-    units = compare.unit_costs(cost, {"on_policy": (256, 256), "replay": (128, 256), "control": (128, 128)})
-    arms = compare.figures(results, 1.0, units)["arms"]
+    cost = stats.load_cost(cost_file(tmp_path / "flat.json", lambda R: 1.0, lambda B: 0.001 * B))
+    units = stats.unit_costs(cost, {"on_policy": (256, 256), "replay": (128, 256), "control": (128, 128)})
+    arms = stats.figures(results, 1.0, units)["arms"]
     # a round costs 1 s whatever its size: on-policy's fewer, bigger rounds win
     on, rep, ctl = (3000 / 256) * (1 + 0.256), (3000 / 128) * (1 + 0.256), (3000 / 128) * (1 + 0.128)
     assert [arms[a]["projected"]["plain"] for a in ("on_policy", "replay", "control")] == [
@@ -101,20 +104,20 @@ def test_a_flat_generation_curve_favours_big_rounds(tmp_path):
     assert arms["replay"]["vs"]["on_policy"]["projected_ratio"]["plain"] == pytest.approx(2.0)
     assert arms["replay"]["vs"]["control"]["projected_ratio"]["plain"] == pytest.approx(rep / ctl)
     # the same counts on a linear curve: on-policy and the control tie, replay pays for its bigger batch
-    units = compare.unit_costs(compare.load_cost(cost_file(tmp_path / "lin.json", lambda R: 0.004 * R,
-                                                           lambda B: 0.001 * B)),
+    units = stats.unit_costs(stats.load_cost(cost_file(tmp_path / "lin.json", lambda R: 0.004 * R,
+                                                       lambda B: 0.001 * B)),
                                {"on_policy": (256, 256), "replay": (128, 256), "control": (128, 128)})
-    arms = compare.figures(results, 1.0, units)["arms"]
+    arms = stats.figures(results, 1.0, units)["arms"]
     assert arms["control"]["vs"]["on_policy"]["projected_ratio"]["plain"] == pytest.approx(1.0)
 
 
 def test_the_cost_curve_is_interpolated_linearly_and_refused_outside_its_range(tmp_path, monkeypatch):
     points = [[16, 0.5], [32, 1.0], [64, 1.4]]
-    assert compare.interpolate(points, 48, "R =") == pytest.approx(1.2)       # halfway from 1.0 to 1.4
-    assert compare.interpolate(points, 16, "R =") == 0.5 and compare.interpolate(points, 64, "R =") == 1.4
-    with pytest.raises(compare.CompareError, match="control: R = 8 is outside the cost curve's range 16..64"):
-        compare.unit_costs({"curves": {"plain": {"generation": points, "training": points}}},
-                           {"on_policy": (16, 16), "control": (8, 8)})
+    assert stats.interpolate(points, 48, "R =") == pytest.approx(1.2)       # halfway from 1.0 to 1.4
+    assert stats.interpolate(points, 16, "R =") == 0.5 and stats.interpolate(points, 64, "R =") == 1.4
+    with pytest.raises(stats.CompareError, match="control: R = 8 is outside the cost curve's range 16..64"):
+        stats.unit_costs({"curves": {"plain": {"generation": points, "training": points}}},
+                         {"on_policy": (16, 16), "control": (8, 8)})
     # compare.py refuses it in one line before any run: B = 64 gives a control of R = B = 32 < 64
     monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("ran"))
     monkeypatch.setattr(compare, "build_tiny_model", lambda *a: pytest.fail("built"))
@@ -125,11 +128,11 @@ def test_the_cost_curve_is_interpolated_linearly_and_refused_outside_its_range(t
     oom = json.loads(open(path).read())
     oom["generation"]["plain"].append({"R": 256, "error": "out of memory"})
     (tmp_path / "oom.json").write_text(json.dumps(oom))
-    with pytest.raises(compare.CompareError, match="R = 256 is outside the cost curve's range 64..128"):
-        compare.unit_costs(compare.load_cost(str(tmp_path / "oom.json")), {"on_policy": (256, 128)})
+    with pytest.raises(stats.CompareError, match="R = 256 is outside the cost curve's range 64..128"):
+        stats.unit_costs(stats.load_cost(str(tmp_path / "oom.json")), {"on_policy": (256, 128)})
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(compare.CompareError, match="not a cost file"):
-        compare.load_cost(str(tmp_path / "bad.json"))
+    with pytest.raises(stats.CompareError, match="not a cost file"):
+        stats.load_cost(str(tmp_path / "bad.json"))
 
 
 def test_replay_against_its_control_is_paired_per_replicate():
@@ -141,35 +144,35 @@ def test_replay_against_its_control_is_paired_per_replicate():
     results = {"on_policy": [run_of(c, R=256, B=256) for c in curves],
                "replay": [run_of(c, R=64, B=128) for c in curves],
                "control": [run_of(c, R=128, B=128) for c in curves]}
-    ci = compare.bootstrap(results, n=300)
+    ci = stats.bootstrap(results, n=300)
     assert ci["arms"]["replay"]["vs"]["control"]["token_ratio"] == [pytest.approx(0.5), pytest.approx(0.5)]
     assert ci["arms"]["replay"]["vs"]["on_policy"]["token_ratio"] == [pytest.approx(0.25), pytest.approx(0.25)]
     lo, hi = ci["arms"]["replay"]["tokens"]
     assert hi >= 2 * lo
-    assert compare.default_pairs(["on_policy", "replay", "control", "replay_y3"]) == [
+    assert stats.default_pairs(["on_policy", "replay", "control", "replay_y3"]) == [
         ("replay", "on_policy"), ("control", "on_policy"), ("replay_y3", "on_policy"), ("replay", "control")]
-    assert [compare.control_of(a) for a in ("replay", "replay_pbr", "replay_y4", "replay_nonzero", "replay_y3",
-                                           "control", "on_policy")] == [
+    assert [stats.control_of(a) for a in ("replay", "replay_pbr", "replay_y4", "replay_nonzero", "replay_y3",
+                                         "control", "on_policy")] == [
         "control", "control", "control_y4", "control_nonzero", None, None, None]
 
 
 def test_bootstrap_covers_the_spread_of_seeds():
     on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5])] * 3
     noisy = [run_of([0.1, 0.1 + d, 0.5 + d, 0.5 + d, 0.5 + d, 0.5 + d], R=50) for d in (-0.2, 0.0, 0.1)]
-    ci = compare.bootstrap({"on_policy": on, "replay": noisy}, n=400)
+    ci = stats.bootstrap({"on_policy": on, "replay": noisy}, n=400)
     lo, hi = ci["arms"]["replay"]["vs"]["on_policy"]["accuracy_diff"]
     assert -0.2 <= lo < 0 < hi <= 0.1 + 1e-9                 # within noise: the interval spans 0
     assert 0 < ci["arms"]["replay"]["not_reached_frac"] < 1  # resamples of the -0.2 seed alone never reach
     assert ci["arms"]["on_policy"]["not_reached_frac"] == 0  # on-policy always reaches its own target
-    assert compare.verdict([0.4, 0.9], [-0.01, 0.02]) == "fewer tokens; final accuracy within noise"
-    assert compare.verdict([0.8, 1.3], [0.01, 0.02]) == "tokens within noise; higher final accuracy"
+    assert stats.verdict([0.4, 0.9], [-0.01, 0.02]) == "fewer tokens; final accuracy within noise"
+    assert stats.verdict([0.8, 1.3], [0.01, 0.02]) == "tokens within noise; higher final accuracy"
 
 
 def test_target_frac_puts_the_target_on_the_rise_by_hand():
     on = [run_of([0.4, 0.6, 0.8, 0.9, 0.9, 0.9], R=100)]
     rep = [run_of([0.4, 0.8, 0.9, 0.9, 0.9, 0.9], R=50)]
-    assert compare.target_accuracy(on, 0.5) == pytest.approx(0.65)            # 0.4 + 0.5 * (0.9 - 0.4)
-    vs = lambda frac, o=on: compare.figures({"on_policy": o, "replay": rep}, frac)["arms"]["replay"]["vs"]["on_policy"]
+    assert stats.target_accuracy(on, 0.5) == pytest.approx(0.65)            # 0.4 + 0.5 * (0.9 - 0.4)
+    vs = lambda frac, o=on: stats.figures({"on_policy": o, "replay": rep}, frac)["arms"]["replay"]["vs"]["on_policy"]
     # frac 0.5: on-policy crosses 0.65 between eval 1 (smoothed 0.6) and 2 (0.8), a quarter of the way:
     # 1000 + 250 tokens; replay between eval 0 (0.4) and 1 (0.8), 0.625 of the way: 312.5
     assert vs(0.5)["token_ratio"] == pytest.approx(312.5 / 1250)
@@ -179,32 +182,32 @@ def test_target_frac_puts_the_target_on_the_rise_by_hand():
     # a falling on-policy curve (0.5 -> 0.3): the target is its final accuracy, held from eval 1, and both
     # start above it: the reach evals themselves
     falling = [run_of([0.5, 0.6, 0.4, 0.3, 0.3, 0.3], R=100)]
-    assert compare.target_accuracy(falling, 0.9) == pytest.approx(0.3)
+    assert stats.target_accuracy(falling, 0.9) == pytest.approx(0.3)
     assert vs(0.9, falling)["token_ratio"] == pytest.approx(500 / 1000)
 
 
 def test_arms_follow_their_definitions():
     def parse(flags):
         return {flags[i]: flags[i + 1] for i in range(0, 6, 2)}
-    on, rep, ctl = (parse(compare.arm_flags(a, 256, 2, 8, 0.3)) for a in ("on_policy", "replay", "control"))
+    on, rep, ctl = (parse(records.arm_flags(a, 256, 2, 8, 0.3)) for a in ("on_policy", "replay", "control"))
     # on-policy: R = B = N; replay: R = B/y, N = B (each rollout used y times); control: R = B = N = B/y
     assert (int(on["--prompts-per-round"]) * 8, int(on["--buffer-size"]), int(on["--batch-size"])) == (256, 256, 256)
     assert (int(rep["--prompts-per-round"]) * 8, int(rep["--buffer-size"]), int(rep["--batch-size"])) == (128, 256, 256)
     assert (int(ctl["--prompts-per-round"]) * 8, int(ctl["--buffer-size"]), int(ctl["--batch-size"])) == (128, 128, 128)
-    assert compare.arm_flags("replay_pbr", 256, 2, 8, 0.3)[-2:] == ["--keep-correct-frac", "0.3"]
+    assert records.arm_flags("replay_pbr", 256, 2, 8, 0.3)[-2:] == ["--keep-correct-frac", "0.3"]
     for arm, cap in (("replay_cap1", 1.0), ("replay_cap4", 4.0)):   # the replay arm, another cap C
-        flags = compare.arm_flags(arm, 256, 2, 8, 0.3)
-        assert flags == compare.arm_flags("replay", 256, 2, 8, 0.3) + ["--is-cap", str(cap)]
-    y3 = parse(compare.arm_flags("replay_y3", 240, 2, 8, 0.3))     # each rollout used 3 times: R = B/3
+        flags = records.arm_flags(arm, 256, 2, 8, 0.3)
+        assert flags == records.arm_flags("replay", 256, 2, 8, 0.3) + ["--is-cap", str(cap)]
+    y3 = parse(records.arm_flags("replay_y3", 240, 2, 8, 0.3))     # each rollout used 3 times: R = B/3
     assert (int(y3["--prompts-per-round"]) * 8, int(y3["--buffer-size"]), int(y3["--batch-size"])) == (80, 240, 240)
     # y = 4 whatever --replay-ratio: replay_y4 R = B/4, N = B = 4R; its control R = B = N = B/4
-    assert parse(compare.arm_flags("replay_y4", 256, 2, 8, 0.3)) == {
+    assert parse(records.arm_flags("replay_y4", 256, 2, 8, 0.3)) == {
         "--prompts-per-round": "8", "--buffer-size": "256", "--batch-size": "256"}
-    assert parse(compare.arm_flags("control_y4", 256, 2, 8, 0.3)) == {
+    assert parse(records.arm_flags("control_y4", 256, 2, 8, 0.3)) == {
         "--prompts-per-round": "8", "--buffer-size": "64", "--batch-size": "64"}
     with pytest.raises(SystemExit):                       # B/4 is not a whole number of groups of 8
         compare.main(["--batch-size", "240", "--arms", "on_policy", "replay_y4", "control_y4"])
-    cn = compare.arm_flags("control_nonzero", 256, 2, 8, 0.3)
+    cn = records.arm_flags("control_nonzero", 256, 2, 8, 0.3)
     # filtered on-policy: R = B/y per round, each kept rollout used once, N leaves room for a round's leftovers
     assert parse(cn) == {"--prompts-per-round": "16", "--buffer-size": "384", "--batch-size": "256"}
     assert cn[-2:] == ["--skip-zero-advantage", "--no-reuse"]
@@ -215,9 +218,9 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
     # two arms (each run is a process of its own: the suite's slowest test); the control's flags are
     # checked in test_arms_follow_their_definitions
     cost = cost_file(tmp_path / "cost.json", lambda R: 0.001 * R, lambda B: 0.002 * B)
-    records = tmp_path / "records"
+    record_dir = tmp_path / "records"
     summary = compare.main(["--quick", "--output-dir", str(tmp_path / "out"), "--arms", "on_policy", "replay",
-                            "--cost", cost, "--records", str(records),
+                            "--cost", cost, "--records", str(record_dir),
                             "--train-args=--no-plot"])     # no run's own curves.png: 4 s of its 15
     out = tmp_path / "out"
     on_disk = json.load(open(out / "summary.json"))
@@ -237,16 +240,16 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
             rows = [json.loads(line) for line in open(folder / "metrics.jsonl")]
             assert rows[-1]["gen_tokens"] >= on_disk["budget_tokens"] == 5_000     # one budget for every run
             # the run read back from its folder and from its record (a few KB, no checkpoints): the same
-            (record,) = (records / name).glob(f"seed{seed}-*.json")       # keyed by the run's flags
+            (record,) = (record_dir / name).glob(f"seed{seed}-*.json")       # keyed by the run's flags
             assert record.stat().st_size < 20_000
-            from_folder = compare.read_record(compare.run_record(str(folder)), on_disk["grid_tokens"])
-            assert compare.read_record(json.load(open(record)), on_disk["grid_tokens"]) == from_folder
+            from_folder = records.read_record(records.run_record(str(folder)), on_disk["grid_tokens"])
+            assert records.read_record(json.load(open(record)), on_disk["grid_tokens"]) == from_folder
             assert {k: v for k, v in arm["replicates"][seed].items() if k != "reach"} == from_folder
             if name == "on_policy":
                 finals.append(from_folder["accuracy"])
         point = arm["projected_seconds_to_target"]["plain"]["seconds"]     # rounds x 0.001 R + steps x 0.002 B
         assert point == pytest.approx(arm["rounds_to_target"] * 0.001 * arm["R"] + arm["steps_to_target"] * 0.002 * arm["B"])
-    assert on_disk["target_accuracy"] == pytest.approx(compare.final_accuracy(
+    assert on_disk["target_accuracy"] == pytest.approx(stats.final_accuracy(
         [sum(x) / 2 for x in zip(*finals)]))                                 # the mean curve's last three
     assert on_disk["arms"]["on_policy"]["tokens_to_target"] is not None
     arm = on_disk["arms"]["replay"]
@@ -257,13 +260,13 @@ def test_quick_comparison_writes_the_summary_records_and_the_plot(tmp_path, tiny
     # the comparison again, elsewhere, with the records: nothing runs, the same figures
     monkeypatch.setattr(compare, "run_train", lambda *a: pytest.fail("a recorded run ran again"))
     again = compare.main(["--quick", "--output-dir", str(tmp_path / "again"), "--arms", "on_policy", "replay",
-                          "--cost", cost, "--records", str(records), "--train-args=--no-plot"])
+                          "--cost", cost, "--records", str(record_dir), "--train-args=--no-plot"])
     assert again["arms"] == summary["arms"]
 
 
 def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)                # import matplotlib -> ImportError
-    compare.plot({"arms": {}, "target_accuracy": 0.5}, str(tmp_path / "curves.png"))
+    readout.plot({"arms": {}, "target_accuracy": 0.5}, str(tmp_path / "curves.png"))
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert not (tmp_path / "curves.png").exists()
 
@@ -272,28 +275,28 @@ def test_lr_is_chosen_by_tokens_to_hold_the_target_ties_by_the_area_and_the_othe
     steady = [0.1, 0.2, 0.3, 0.4, 0.55, 0.55, 0.55, 0.55, 0.55]     # holds 0.5 from 3.67 rounds; area 0.417
     wobbly = [0.1, 0.7, 0.7, 0.7, 0.3, 0.3, 0.6, 0.6, 0.6]          # first at once, holds from 5.67; area 0.511
     never = [0.1] * 9
-    sweep = compare.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)], 3e-4: [run_of(never)]}, 0.5)
+    sweep = stats.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)], 3e-4: [run_of(never)]}, 0.5)
     assert sweep["chosen"] == 1e-3 and sweep["area_choice"] == 3e-3 and not sweep["rules_agree"]
     assert sweep["tokens_to_hold"] == {3e-4: None, 1e-3: pytest.approx(3666.67, abs=0.01),
                                        3e-3: pytest.approx(5666.67, abs=0.01)}
     assert sweep["mean_score"][3e-3] == pytest.approx(4.6 / 9) and not sweep["on_grid_edge"]
     # neither reaches: the larger area; all equal: the smaller lr; the best on the edge: widen the grid
     low, lower = [0.1, 0.3, 0.3, 0.3, 0.3], [0.1, 0.2, 0.2, 0.2, 0.2]
-    assert compare.choose_lr({1e-3: [run_of(lower)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 3e-3
-    assert compare.choose_lr({1e-3: [run_of(low)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 1e-3
-    assert compare.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(never)]}, 0.5)["on_grid_edge"]
+    assert stats.choose_lr({1e-3: [run_of(lower)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 3e-3
+    assert stats.choose_lr({1e-3: [run_of(low)], 3e-3: [run_of(low)]}, 0.5)["chosen"] == 1e-3
+    assert stats.choose_lr({1e-3: [run_of(steady)], 3e-3: [run_of(never)]}, 0.5)["on_grid_edge"]
     # the sweep's target: the highest on-policy target over the lrs
-    assert compare.sweep_target({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)]}) == 0.6
-    assert compare.sweep_score({"accuracy": [0.2, 0.4, 0.9]}) == pytest.approx(0.5)
+    assert stats.sweep_target({1e-3: [run_of(steady)], 3e-3: [run_of(wobbly)]}) == 0.6
+    assert stats.sweep_score({"accuracy": [0.2, 0.4, 0.9]}) == pytest.approx(0.5)
 
 
 def test_reach_hold_and_the_fall_after_reaching_by_hand():
     on = run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])          # target 0.5, reached and held at eval 2
     rep = run_of([0.1, 0.7, 0.7, 0.7, 0.2, 0.2, 0.6, 0.6])         # first at eval 1, falls to 0.2, holds from 6
-    assert compare.first_reach_index(rep["accuracy"], 0.5) == 1 and compare.reach_index(rep["accuracy"], 0.5) == 6
-    assert compare.fall_after_reach(rep["accuracy"], 0.5) == pytest.approx(0.3)
-    assert compare.fall_after_reach(on["accuracy"], 0.5) == 0.0 and compare.fall_after_reach([0.1] * 5, 0.5) is None
-    f = compare.figures({"on_policy": [on], "replay": [rep]})
+    assert stats.first_reach_index(rep["accuracy"], 0.5) == 1 and stats.reach_index(rep["accuracy"], 0.5) == 6
+    assert stats.fall_after_reach(rep["accuracy"], 0.5) == pytest.approx(0.3)
+    assert stats.fall_after_reach(on["accuracy"], 0.5) == 0.0 and stats.fall_after_reach([0.1] * 5, 0.5) is None
+    f = stats.figures({"on_policy": [on], "replay": [rep]})
     a = f["arms"]["replay"]
     assert f["target"] == 0.5 and a["evals_in_rise"] == 1 and f["arms"]["on_policy"]["evals_in_rise"] == 2
     assert a["first"]["tokens"] == pytest.approx(1000 * 0.4 / 0.6)        # (0.5 - 0.1) / (0.7 - 0.1) of eval 0 -> 1
@@ -301,11 +304,11 @@ def test_reach_hold_and_the_fall_after_reaching_by_hand():
     vs = a["vs"]["on_policy"]
     assert vs["token_ratio"] == pytest.approx(5750 / 2000) and vs["first_token_ratio"] == pytest.approx(1 / 3)
     assert vs["instability_diff"] == pytest.approx(0.3)
-    assert compare.verdict([2.5, 3.2], [-0.02, 0.02], [0.2, 0.5], 1) == (
+    assert stats.verdict([2.5, 3.2], [-0.02, 0.02], [0.2, 0.5], 1) == (
         "to hold the target more tokens, to first reach it fewer tokens: it rises sooner but falls back: the "
         "difference comes from holding; final accuracy within noise (the fastest rise spans 1 eval(s), fewer "
         "than 5: too coarse to tell; more evals or a smaller budget)")
-    assert compare.verdict([2.5, None], [-0.2, -0.1], [0.9, 1.1], 6) == (
+    assert stats.verdict([2.5, None], [-0.2, -0.1], [0.9, 1.1], 6) == (
         "to hold the target more tokens, to first reach it tokens within noise: the difference comes from "
         "holding the target, not the rise; lower final accuracy")
 
@@ -402,9 +405,9 @@ def test_one_eval_may_not_stand_for_two_grid_points(tmp_path):
             {**counters(2), **step}, {**counters(2), "eval_accuracy": 0.3}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 32, "num_generations": 8, "batch_size": 256}))
-    assert compare.read_record(compare.run_record(str(tmp_path)), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
-    with pytest.raises(compare.CompareError, match="raise --budget-tokens or --early-tokens, or lower --evals"):
-        compare.read_record(compare.run_record(str(tmp_path)), [0, 30_000, 60_000, 90_000])
+    assert records.read_record(records.run_record(str(tmp_path)), [0, 51_000, 102_000])["accuracy"] == [0.1, 0.2, 0.3]   # one eval each
+    with pytest.raises(stats.CompareError, match="raise --budget-tokens or --early-tokens, or lower --evals"):
+        records.read_record(records.run_record(str(tmp_path)), [0, 30_000, 60_000, 90_000])
 
 
 
@@ -424,8 +427,8 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     (path,) = (tmp_path / "records" / "replay").glob("seed1-*.json")
     record = json.load(open(path))
     assert "--output-dir" not in record["argv"] and record["argv"][record["argv"].index("--seed") + 1] == "1"
-    assert compare.read_record(record, first["grid_tokens"]) == compare.read_record(
-        compare.run_record(str(tmp_path / "a" / "replay" / "seed1")), first["grid_tokens"])
+    assert records.read_record(record, first["grid_tokens"]) == records.read_record(
+        records.run_record(str(tmp_path / "a" / "replay" / "seed1")), first["grid_tokens"])
     # the staleness of each arm, from the records: replay y = 2 (ages 0 and 1), on-policy (age 0)
     assert first["arms"]["replay"]["age_mean"] == 0.5 and first["arms"]["replay"]["age_max"] == 1
     assert first["arms"]["on_policy"]["age_mean"] == 0 and first["arms"]["control"]["age_max"] == 0
@@ -441,7 +444,7 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     compare.main(common + ["--output-dir", str(tmp_path / "c"), "--lr", "2e-3"])
     assert len([c for c in calls if c[0] == "run"]) == 6
     # the same flags from another starting model (the warm start's recipe changed: another spec) run again
-    assert record["model"] == compare.starting_model("tiny", "addition", 1)
+    assert record["model"] == records.starting_model("tiny", "addition", 1)
     calls.clear()
     monkeypatch.setitem(__import__("demo_model").WARM_START, "lr", 1e-2)
     compare.main(common + ["--output-dir", str(tmp_path / "d")])
@@ -511,21 +514,21 @@ def test_every_summary_says_in_its_verdict_what_its_figures_give(tmp_path):
                  if "records" not in p and "arms" in json.load(open(p))]
     assert len(summaries) >= 7
     for path in summaries:
-        assert compare.verdicts_that_disagree(json.load(open(path))) == [], path
+        assert stats.verdicts_that_disagree(json.load(open(path))) == [], path
     s = json.load(open(max(summaries, key=os.path.getsize)))
     name = next(a for a, e in s["arms"].items() if "verdict" in e)
     higher = "higher final accuracy" in s["arms"][name]["verdict"]
     s["arms"][name]["accuracy_diff_ci"] = [-0.02, -0.01] if higher else [0.01, 0.02]   # figures moved, not the line
-    wrong = compare.verdicts_that_disagree(s)
+    wrong = stats.verdicts_that_disagree(s)
     assert len(wrong) == 1 and ("lower" if higher else "higher") + " final accuracy" in wrong[0]
 
 
 def test_a_verdict_tells_a_slow_rise_from_a_fall_back():
     # replay_y4 / control_y4 on the written-work task: 1.57x to first reach, 3.23x to hold
-    assert compare.verdict([2.98, 8.75], [-0.073, -0.024], [1.05, 2.29], 6).startswith(
+    assert stats.verdict([2.98, 8.75], [-0.073, -0.024], [1.05, 2.29], 6).startswith(
         "to hold the target more tokens, to first reach it more tokens: slower to rise, and slower still to hold: "
         "most of the difference comes from falling back; lower final accuracy")
-    assert compare.verdict([1.2, 2.0], [-0.01, 0.01], [1.1, 1.5], 6) == (       # overlapping: the rise
+    assert stats.verdict([1.2, 2.0], [-0.01, 0.01], [1.1, 1.5], 6) == (       # overlapping: the rise
         "to hold the target more tokens, to first reach it more tokens: the difference comes from the rise; "
         "final accuracy within noise")
 
@@ -539,7 +542,7 @@ def test_a_summary_where_no_replicate_set_touches_the_target_says_so():
                               num_generations=2, keep_correct_frac=0.3, sweep_lr=None)
     s = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000, 6000], {"on_policy": 1e-3, "replay": 1e-3})
     assert s["target_accuracy"] == pytest.approx(0.4) and s["rise"]["fastest_arm"] is None and not s["rise"]["resolved"]
-    assert s["arms"]["replay"]["tokens_to_first_reach"] is None and compare.verdicts_that_disagree(s) == []
+    assert s["arms"]["replay"]["tokens_to_first_reach"] is None and stats.verdicts_that_disagree(s) == []
 
 
 def test_a_denser_grid_early_and_the_uniform_one_unchanged():
@@ -547,13 +550,13 @@ def test_a_denser_grid_early_and_the_uniform_one_unchanged():
     runs as --eval-at-tokens; without it the grid and the flag are those of the records before it
     (--eval-every-tokens), so a record whose flags did not change is still read, not run."""
     ns = lambda **kw: types.SimpleNamespace(**{"early_tokens": 0, "early_evals": None, **kw})
-    uniform = compare.token_grid(ns(budget_tokens=40_000, evals=20))
-    assert uniform == list(range(0, 40_001, 2_000)) and compare.eval_flags(uniform) == ["--eval-every-tokens", "2000"]
-    odd = compare.token_grid(ns(budget_tokens=1_000, evals=3))          # ceil(1000 / 3) = 334: the end is the budget
-    assert odd == [0, 334, 668, 1_000] and compare.eval_flags(odd) == ["--eval-every-tokens", "334"]
-    early = compare.token_grid(ns(budget_tokens=40_000, evals=4, early_tokens=6_000, early_evals=6))
+    uniform = records.token_grid(ns(budget_tokens=40_000, evals=20))
+    assert uniform == list(range(0, 40_001, 2_000)) and records.eval_flags(uniform) == ["--eval-every-tokens", "2000"]
+    odd = records.token_grid(ns(budget_tokens=1_000, evals=3))          # ceil(1000 / 3) = 334: the end is the budget
+    assert odd == [0, 334, 668, 1_000] and records.eval_flags(odd) == ["--eval-every-tokens", "334"]
+    early = records.token_grid(ns(budget_tokens=40_000, evals=4, early_tokens=6_000, early_evals=6))
     assert early == [0, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 14_500, 23_000, 31_500, 40_000]
-    assert compare.eval_flags(early) == ["--eval-at-tokens", "1000,2000,3000,4000,5000,6000,14500,23000,31500,40000"]
+    assert records.eval_flags(early) == ["--eval-at-tokens", "1000,2000,3000,4000,5000,6000,14500,23000,31500,40000"]
     with pytest.raises(SystemExit):         # every 2 tokens: 5 evals up to 10, not the 6 asked for
         compare.parse(["--early-tokens", "10", "--early-evals", "6", "--output-dir", "/tmp/x"])
 
@@ -562,12 +565,24 @@ def test_a_models_own_defaults_do_not_reach_the_arms():
     """compare.py --model smollm2: each arm's run gets train.py's temperature and no zero-advantage
     filter (smollm2's own defaults would change them), unless the arm or --train-args sets them."""
     args = compare.parse(["--model", "smollm2", "--arms", "on_policy", "replay_nonzero", "--output-dir", "/tmp/x"])
-    assert compare.plain_flags(args) == ["--no-skip-zero-advantage", "--temperature", "1.0"]
+    assert records.plain_flags(args) == ["--no-skip-zero-advantage", "--temperature", "1.0"]
     for arm, skip in (("on_policy", False), ("replay_nonzero", True)):
-        cfg = train.parse_config(compare.plain_flags(args) + compare.own_flags(args, arm, 0, 1e-3, "/tmp/x/r"))
+        cfg = train.parse_config(records.plain_flags(args) + records.own_flags(args, arm, 0, 1e-3, "/tmp/x/r"))
         assert (cfg.temperature, cfg.skip_zero_advantage) == (1.0, skip)
     given = compare.parse(["--model", "smollm2", "--output-dir", "/tmp/x", "--train-args", "--temperature 0.7"])
-    cfg = train.parse_config(compare.plain_flags(given) + compare.own_flags(given, "replay", 0, 1e-3, "/tmp/x/r")
+    cfg = train.parse_config(records.plain_flags(given) + records.own_flags(given, "replay", 0, 1e-3, "/tmp/x/r")
                              + given.train_args)
     assert cfg.temperature == 0.7
-    assert compare.plain_flags(compare.parse(["--output-dir", "/tmp/x"])) == []     # the tiny model: none
+    assert records.plain_flags(compare.parse(["--output-dir", "/tmp/x"])) == []     # the tiny model: none
+
+
+def test_a_run_with_no_step_row_is_named_in_one_line(tmp_path):
+    """A run whose budget ended before its first update (its rows: evals and rounds without an
+    update) is reported as such, not a crash on the mean of nothing."""
+    counters = lambda k: {"step": 0, "round": k, "gen_tokens": 300 * k, "gen_seconds": k, "train_seconds": 0}
+    rows = [{**counters(0), "eval_accuracy": 0.1}, {**counters(1), "updates": 0, "reward": 0.0},
+            {**counters(2), "updates": 0, "reward": 0.0}, {**counters(2), "eval_accuracy": 0.1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 4, "num_generations": 4, "batch_size": 16}))
+    with pytest.raises(stats.CompareError, match="the run took no optimizer step"):
+        records.run_record(str(tmp_path))

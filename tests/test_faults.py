@@ -194,7 +194,7 @@ def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import plot
+    import curves
 
     path = str(tmp_path / "eval.json")
     evaluate.write(path, {"eval_accuracy": 0.5})
@@ -213,7 +213,7 @@ def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path
 
     png = str(tmp_path / "curves.png")
     fig = plt.figure()
-    plot.save(fig, png, dpi=20)
+    curves.save(fig, png, dpi=20)
     whole = open(png, "rb").read()
 
     def savefig(target, **kwargs):
@@ -222,6 +222,6 @@ def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path
 
     monkeypatch.setattr(fig, "savefig", savefig)
     with pytest.raises(RuntimeError):              # report.curves turns this into one warning
-        plot.save(fig, png, dpi=20)
+        curves.save(fig, png, dpi=20)
     assert open(png, "rb").read() == whole and sorted(os.listdir(tmp_path)) == ["curves.png", "eval.json"]
     plt.close(fig)

@@ -1,6 +1,7 @@
-"""The shape of the repository (issue 35): no import circle among the top-level modules, the core
-modules that stand alone import nothing of ours beyond the Rollout record, and every script of
-the comparison harness starts from its documented path."""
+"""The shape of the repository (issues 35 and 43): no import circle among the top-level modules, the
+core modules that stand alone import nothing of ours beyond the Rollout record, no top-level module
+imports the comparison harness, no file of code over 600 lines, and every script of the harness
+starts from its documented path."""
 import ast
 import glob
 import os
@@ -66,7 +67,44 @@ def test_no_import_circle_and_the_core_stands_alone():
     assert not any("train" in deps for name, deps in graph.items() if name not in ("evaluate",))
 
 
-SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "comparison", "*.py")))
+def test_no_top_level_module_imports_the_harness():
+    """The arrows run one way: the harness (comparison/) uses train.py and its infrastructure, never
+    the reverse; what a run draws of itself (curves.py) lives beside it."""
+    harness = {"comparison"} | {os.path.basename(p)[:-3]
+                                for p in glob.glob(os.path.join(ROOT, "comparison", "*.py"))}
+    wrong = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            wrong += [f"{os.path.basename(path)}:{node.lineno} imports {name}"
+                      for name in names if name.split(".")[0] in harness]
+    assert wrong == [], "a module below the harness imports from comparison/"
+
+
+def test_no_file_of_code_over_600_lines():
+    """Every .py file (tests and virtual environments apart) at most 600 lines: a file that grows
+    past it is split by what it does."""
+    long = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "tests"      # .venv, .ci-venv
+                   and not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg"))]   # any venv
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                lines = len(open(path, encoding="utf-8").read().splitlines())
+                if lines > 600:
+                    long.append(f"{os.path.relpath(path, ROOT)}: {lines} lines")
+    assert long == []
+
+
+# the harness's commands (its other files are modules of theirs: records.py, stats.py, ...)
+SCRIPTS = sorted(p for p in glob.glob(os.path.join(ROOT, "comparison", "*.py"))
+                 if 'if __name__ == "__main__":' in open(p).read())
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-import compare
+import curves
 import plot
+import readout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,24 +63,24 @@ def line(ax, gid):
 
 
 def test_running_mean_by_hand():
-    assert plot.running_mean([0, 3, 6, 9], 3) == [1.5, 3, 6, 7.5]
-    assert plot.running_mean([1, 5], 1) == [1, 5]
+    assert curves.running_mean([0, 3, 6, 9], 3) == [1.5, 3, 6, 7.5]
+    assert curves.running_mean([1, 5], 1) == [1, 5]
 
 
 def test_read_metrics_splits_steps_from_evals_and_skips_a_cut_last_line(tmp_path):
     rows = [eval_row(0, 0.2), step_row(1), step_row(2), eval_row(2, 0.3)]
     run = write_run(tmp_path / "run", rows, tail='{"step": 3, "round": 3, "gen_to')   # killed mid-write
-    steps, evals = plot.read_metrics(run)
+    steps, evals = curves.read_metrics(run)
     assert [r["step"] for r in steps] == [1, 2] and [r["eval_accuracy"] for r in evals] == [0.2, 0.3]
     with open(os.path.join(run, "metrics.jsonl"), "w") as f:        # a broken line in the middle is an error
         f.write(json.dumps(rows[0]) + "\n{\"step\": 1,\n" + json.dumps(rows[1]) + "\n")
     with pytest.raises(ValueError, match="line 2"):
-        plot.read_metrics(run)
+        curves.read_metrics(run)
 
 
 def test_plot_run_draws_each_signal_with_its_healthy_range(tmp_path):
     run, rows = healthy_run(tmp_path / "run")
-    fig = plot.plot_run(run)
+    fig = curves.plot_run(run)
     assert os.path.getsize(os.path.join(run, "curves.png")) > 30_000
     steps = [r for r in rows if "eval_accuracy" not in r]
     evals = [r for r in rows if "eval_accuracy" in r]
@@ -116,7 +117,7 @@ def test_plot_run_draws_each_signal_with_its_healthy_range(tmp_path):
 def test_plot_run_copes_with_a_run_that_has_only_begun(tmp_path):
     # only the step-0 eval: the accuracy point, every step panel saying why it is empty
     run = write_run(tmp_path / "fresh", [eval_row(0, 0.25)])
-    fig = plot.plot_run(run, str(tmp_path / "fresh.png"))
+    fig = curves.plot_run(run, str(tmp_path / "fresh.png"))
     assert os.path.getsize(tmp_path / "fresh.png") > 10_000
     assert list(line(axes_titled(fig, "accuracy and reward"), "eval_accuracy").get_ydata()) == [0.25]
     assert axes_titled(fig, "importance ratio").texts[0].get_text() == "no optimizer step logged yet"
@@ -125,7 +126,7 @@ def test_plot_run_copes_with_a_run_that_has_only_begun(tmp_path):
     for key in ("is_ratio_mean", "is_ratio_max", "age_mean", "age_max", "uses_mean"):
         del one[key]
     run = write_run(tmp_path / "one", [eval_row(0, 0.25), one, eval_row(1, 0.26, eval_strict=0.2)])
-    fig = plot.plot_run(run)
+    fig = curves.plot_run(run)
     assert os.path.isfile(os.path.join(run, "curves.png"))
     assert axes_titled(fig, "importance ratio").texts[0].get_text() == "not logged in this run"
     assert list(line(axes_titled(fig, "policy entropy"), "entropy").get_ydata()) == [one["entropy"]]
@@ -161,7 +162,7 @@ def test_plot_arms_draws_compare_curves_and_the_projected_time(tmp_path, capsys)
     projected = axes_titled(fig, "PROJECTED time (plain curve)")
     assert list(line(projected, "replay").get_xdata()) == [0, 2.5, 5.5]
     assert [ln.get_ydata()[0] for ln in projected.get_lines() if ln.get_gid() is None] == [0.39]   # the target
-    compare.plot(summary, str(tmp_path / "curves.png"))                  # compare.py draws with plot.py
+    readout.plot(summary, str(tmp_path / "curves.png"))                  # compare.py draws with plot.py
     assert (tmp_path / "curves.png").stat().st_size > 10_000 and "curves:" in capsys.readouterr().out
     del summary["cost"]                 # no cost curve: no projection, tokens and measured time only
     assert len(plot.plot_arms(summary, str(tmp_path / "two.png")).axes) == 2
@@ -186,7 +187,7 @@ def test_missing_matplotlib_prints_the_hint_and_writes_nothing(tmp_path, monkeyp
     run, _ = healthy_run(tmp_path / "run", n=3)
     monkeypatch.setitem(sys.modules, "matplotlib", None)                # import matplotlib -> ImportError
     summary = {"arms": {}, "target_accuracy": 0.5}
-    assert plot.plot_run(run) is None
+    assert curves.plot_run(run) is None
     assert plot.plot_runs([run, run], str(tmp_path / "o.png")) is None
     assert plot.plot_arms(summary, str(tmp_path / "a.png")) is None
     assert plot.main([run]) == 1

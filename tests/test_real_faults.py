@@ -17,6 +17,7 @@ import pytest
 import checkpoint
 import loading
 import pretrained
+import runfolder
 import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,8 +33,7 @@ WRITERS = textwrap.dedent(r"""
     import contextlib, json, os, random, resource, shutil, signal, sys, types
     import torch
     from safetensors.torch import save_file
-    import checkpoint, evaluate, report
-    from comparison import plot
+    import checkpoint, curves, evaluate, report, runfolder
 
     results, cases = sys.argv[1], [arg.split(":", 2) for arg in sys.argv[2:]]   # limit:folder:name
     BIG = 100_000                       # floats: 400 kB, past the limit (200 kB)
@@ -96,7 +96,7 @@ WRITERS = textwrap.dedent(r"""
             limit(run, 2000 if name == "rng.safetensors" else 200_000)    # rng: 5 kB
             try:
                 save(run, 4, big=name)
-            except checkpoint.DiskFull as e:
+            except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
                 result["resumes_from"] = checkpoint.read(checkpoint.find(run)).state["round"]
                 sys.exit(f"error: {checkpoint.disk_full_message(e)}")
@@ -104,10 +104,10 @@ WRITERS = textwrap.dedent(r"""
             limit(run, 0 if name == ".lock" else 200_000)
             try:
                 if name == ".lock":
-                    checkpoint.lock_folder(run)
+                    runfolder.lock_folder(run)
                 else:
                     report.save_config(run, {"note": "x" * 4 * BIG})
-            except checkpoint.DiskFull as e:
+            except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
                 sys.exit(f"error: {checkpoint.disk_full_message(e)}")
         elif name == "metrics.jsonl":
@@ -118,7 +118,7 @@ WRITERS = textwrap.dedent(r"""
             limit(run)
             try:
                 log.row(state, {"note": "x" * 4 * BIG})
-            except checkpoint.DiskFull as e:
+            except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
                 sys.exit(f"error: {checkpoint.disk_full_message(e)}")
         elif name == "final adapter":
@@ -126,7 +126,7 @@ WRITERS = textwrap.dedent(r"""
             limit(run)
             try:
                 checkpoint.save_adapter(Adapter(BIG), os.path.join(run, "adapter"))
-            except checkpoint.DiskFull as e:
+            except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
                 weights = os.path.join(run, "adapter", "adapter_model.safetensors")
                 result["kept"] = os.path.getsize(weights)
@@ -141,7 +141,7 @@ WRITERS = textwrap.dedent(r"""
                 result["kept"] = json.load(open(os.path.join(run, "eval.json")))
         elif name == "curves.png":
             open(os.path.join(run, "metrics.jsonl"), "w").close()
-            plot.save(plot._new_figure("", (2, 2)), os.path.join(run, "curves.png"), dpi=20)
+            curves.save(curves.new_figure("", (2, 2)), os.path.join(run, "curves.png"), dpi=20)
             whole = open(os.path.join(run, "curves.png"), "rb").read()
             limit(run, 20_000)
             report.Report.curves(types.SimpleNamespace(plot=True, run_dir=run))
@@ -296,8 +296,8 @@ def test_train_py_on_a_2_mb_disk_exits_in_one_line_naming_the_disk(tmp_path, tin
 def test_the_lock_is_freed_when_its_holder_is_killed_though_a_child_it_forked_lives_on(tmp_path):
     folder = str(tmp_path / "run")
     code = textwrap.dedent(f"""
-        import multiprocessing, time, checkpoint
-        checkpoint.lock_folder({folder!r})
+        import multiprocessing, time, runfolder
+        runfolder.lock_folder({folder!r})
         child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
         child.start()
         print(child.pid, flush=True)
@@ -307,14 +307,14 @@ def test_the_lock_is_freed_when_its_holder_is_killed_though_a_child_it_forked_li
                               stdout=subprocess.PIPE)
     child = int(holder.stdout.readline())
     try:
-        with pytest.raises(checkpoint.RunFolderBusy, match=f"is being written by pid {holder.pid}"):
-            checkpoint.lock_folder(folder)
+        with pytest.raises(runfolder.RunFolderBusy, match=f"is being written by pid {holder.pid}"):
+            runfolder.lock_folder(folder)
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         os.kill(child, 0)                                   # still alive, holding the file open
-        checkpoint.lock_folder(folder)                      # free all the same
+        runfolder.lock_folder(folder)                      # free all the same
     finally:
-        checkpoint.unlock_runs()
+        runfolder.unlock_runs()
         os.kill(child, signal.SIGKILL)
 
 
@@ -390,7 +390,7 @@ def test_a_kill_between_the_two_renames_is_completed_by_the_next_reader(tmp_path
     (run / ".old-checkpoint-3" / "state.json").write_text("{}")
     (run / ".tmp-checkpoint-3").mkdir()                     # ... the new one whole, not renamed in
     (run / ".tmp-checkpoint-3" / "state.json").write_text('{"new": 1}')
-    assert checkpoint.holds_run(str(run))
+    assert runfolder.holds_run(str(run))
     assert checkpoint.find(str(run / "checkpoint-3")) == str(run / "checkpoint-3")
     assert sorted(os.listdir(run)) == ["checkpoint-3"]
     assert (run / "checkpoint-3" / "state.json").read_text() == '{"new": 1}'

@@ -15,6 +15,7 @@ import pytest
 
 import checkpoint
 import loading
+import runfolder
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +56,7 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_before_any_model(finis
 
 def test_default_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.setattr(time, "strftime", lambda fmt: "20261201-120000")
-    folders = [checkpoint.new_run_dir(str(tmp_path / "runs")) for _ in range(3)]
+    folders = [runfolder.new_run_dir(str(tmp_path / "runs")) for _ in range(3)]
     assert [os.path.basename(f) for f in folders] == ["20261201-120000", "20261201-120000-2", "20261201-120000-3"]
     assert all(os.path.isdir(f) and not os.listdir(f) for f in folders)
 
@@ -63,8 +64,8 @@ def test_default_run_folders_are_unique_within_one_second(tmp_path, monkeypatch)
 def hold_lock(run, name=".lock"):
     """Another process that holds the folder's lock (name) until killed."""
     code = textwrap.dedent(f"""
-        import sys, checkpoint
-        checkpoint.lock_folder({run!r}, {name!r})
+        import sys, runfolder
+        runfolder.lock_folder({run!r}, {name!r})
         print("locked", flush=True)
         sys.stdin.read()
     """)
@@ -95,8 +96,8 @@ def test_a_folder_written_by_another_process_is_refused_and_freed_when_it_dies(f
     finally:
         holder.send_signal(signal.SIGKILL)               # a crash: the OS releases its lock
         holder.wait()
-    checkpoint.lock_run(run)                              # not stale: free at once
-    checkpoint.unlock_runs()
+    runfolder.lock_run(run)                              # not stale: free at once
+    runfolder.unlock_runs()
 
 
 def test_a_shortened_metrics_file_is_refused_on_resume_never_padded(tmp_path, tiny_path, monkeypatch, capsys):
@@ -182,7 +183,7 @@ def test_a_prompt_beyond_the_models_context_is_refused_before_the_model(tmp_path
     assert one_line_error(capsys) == (
         "error: --model tiny: training prompt 1 of 9500 ('75+60=...') is 6 tokens: with 123 new tokens, more "
         "than the model's context of 128; --max-new-tokens 122 or less, or a shorter prompt")
-    assert not checkpoint.holds_run(run)                 # nothing of a run: the same command may be fixed and rerun
+    assert not runfolder.holds_run(run)                 # nothing of a run: the same command may be fixed and rerun
     with pytest.raises(SystemExit):
         train.main(SMALL + ["--max-new-tokens", "128", "--output-dir", run])
     assert "128 new tokens (--max-new-tokens) leave no room for a prompt" in one_line_error(capsys)
