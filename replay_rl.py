@@ -19,7 +19,8 @@ Read in this order: completion_logp (log pi_theta), policy_loss (the formulas ab
 helpers log_pi_coefficient, masked_mean, loss_metrics), update_step (one plain optimizer step, its
 loss from batch_loss: log pi_theta, and with beta > 0 the reference's, then policy_loss).
 Below them, engineering that changes nothing of the method: update_step_engineered, the step
-train.py takes (micro-batches, torchrun, fp16 loss scaling, NaN skips, the batch's figures).
+train.py takes (micro-batches, torchrun, fp16 loss scaling, NaN skips, the batch's figures), and
+chunked_completion_logp, completion_logp's values without its [batch, completion_len, vocab] logits.
 """
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ from buffer import Rollout, collate
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
 FP16_LOSS_SCALE = 2.0**10       # update_step_engineered's loss_scale for float16 base weights (static)
+# Tokens per chunk of chunked_completion_logp (train.py's --logp-chunk): with a 152k vocabulary its
+# two fp32 [chunk, vocab] tensors are 0.3 GB, and a chunk is still a large matmul for a GPU.
+LOGP_CHUNK = 256
+# Architectures whose causal LM computes its logits as lm_head(h) and nothing more (no soft cap, no
+# scale): chunked_completion_logp applies the head itself, so it takes only these.
+PLAIN_HEAD_MODELS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3",
+                     "olmo2", "smollm3")
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -246,14 +254,16 @@ def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilo
 
 
 def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0, beta: float = 0.0,
-               **loss_args):
+               log_probs=None, **loss_args):
     """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, completion_len]).
-    The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off."""
-    logp, entropy = completion_logp(model, cols, temperature)
+    The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off.
+    log_probs: completion_logp (None), or a function of its arguments with the same values."""
+    log_probs = log_probs or completion_logp
+    logp, entropy = log_probs(model, cols, temperature)
     ref_logp = None
     if beta > 0:
         with torch.no_grad(), model.disable_adapter():
-            ref_logp, _ = completion_logp(model, cols, temperature)
+            ref_logp, _ = log_probs(model, cols, temperature)
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], cols["completion_mask"],
                                 ref_logp=ref_logp, beta=beta, reward=cols["reward"],
                                 baseline=cols["baseline"], **loss_args)
@@ -284,7 +294,7 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
 def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
                            temperature: float = 1.0, beta: float = 0.0, normalization: str = "token_mean",
                            micro_batch_size: int = 0, max_grad_norm: float = 1.0, loss_scale: float = 1.0,
-                           **loss_args) -> dict:
+                           logp_chunk: int = 0, **loss_args) -> dict:
     """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
     - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch loss
       is scaled by its share of the batch (tokens for token_mean, sequences for sequence_mean), so
@@ -298,7 +308,9 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
       underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is skipped;
     - a step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
       and the optimizer state stay as they were;
-    - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts.
+    - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts;
+    - logp_chunk > 0: log pi_theta from chunked_completion_logp, that many tokens at a time: the
+      same values, with the logits' memory bounded by the chunk, not by micro-batch x length x vocab.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
@@ -311,12 +323,15 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     names = ["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"] + (["ref_kl"] if beta > 0 else [])
     sums = torch.zeros(len(names), dtype=torch.float64, device=device)
     ratio_max = torch.zeros((), device=device)
+    log_probs = None                                        # batch_loss's default: completion_logp
+    if logp_chunk:
+        log_probs = lambda m, c, t: chunked_completion_logp(m, c, t, logp_chunk)
     optimizer.zero_grad(set_to_none=True)
     for i in range(0, len(rollouts), micro):
         chunk = rollouts[i:i + micro]
         cols = collate(chunk, pad_id, policy_version, device=device)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
-                                      normalization=normalization, **loss_args)
+                                      normalization=normalization, log_probs=log_probs, **loss_args)
         token_share = sum(len(rollout.completion_ids) for rollout in chunk) / total_tokens     # on the host
         share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share * loss_scale).backward()
@@ -376,3 +391,94 @@ def _over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}
     torch.distributed.all_reduce(t, op=ops[op])
     return t
+
+
+# ---- Engineering: completion_logp without the [batch, completion_len, vocab] logits ----------
+def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0,
+                            chunk: int = LOGP_CHUNK):
+    """completion_logp's (logp, entropy), [batch, completion_len] each, with the logits of at most
+    ``chunk`` tokens alive at a time instead of all batch x completion_len of them.
+
+    The decoder (the model without its lm_head) gives the hidden states h of the columns that score
+    the completion tokens, one to their left as in completion_logp; _HeadLogp applies the lm_head
+    and the log-softmax at the temperature to ``chunk`` real tokens at a time. Padding (mask 0) is
+    not scored: logp and entropy are 0 there, where the loss and its figures mask them out anyway.
+    A model whose logits are not lm_head(h) alone (an architecture not in PLAIN_HEAD_MODELS: a
+    capped or scaled head) or whose lm_head trains gets completion_logp itself.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token, got {chunk}")
+    sampled_at = cols.get("temperature", temperature)
+    if sampled_at != temperature:
+        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log "
+                         f"pi_theta is taken at {temperature:g}: pass the sampling temperature, "
+                         "else every importance ratio is wrong")
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = causal_lm.get_output_embeddings()
+    if (getattr(causal_lm.config, "model_type", None) not in PLAIN_HEAD_MODELS
+            or type(head) is not torch.nn.Linear
+            or any(p.requires_grad for p in head.parameters())):
+        return completion_logp(model, cols, temperature)
+    completion_len = cols["completion_mask"].shape[1]
+    # use_cache=False: a training forward needs no KV cache, which would hold every layer's K, V
+    hidden = causal_lm.get_decoder()(
+        input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
+        position_ids=cols["position_ids"][:, :-1], use_cache=False).last_hidden_state
+    real = cols["completion_mask"].bool()                            # [batch, completion_len]
+    tokens = cols["input_ids"][:, -completion_len:][real]            # o_t, [n] real tokens
+    logp, entropy = _HeadLogp.apply(hidden[:, -completion_len:][real], head.weight, head.bias,
+                                    tokens, temperature, chunk)      # [n] each
+    zeros = torch.zeros(real.shape, device=logp.device)
+    return zeros.masked_scatter(real, logp), zeros.masked_scatter(real, entropy)
+
+
+class _HeadLogp(torch.autograd.Function):
+    """log pi_theta(o_t) and the entropy of n tokens from their hidden states, ``chunk`` at a time.
+
+    h: [n, hidden], W: the lm_head [vocab, hidden] (b its bias or None), o: [n] tokens, T the
+    temperature.  u = (W h + b) / T;  p = softmax(u);  log pi(o) = u_o - log sum_v exp(u_v);
+    H = log sum_v exp(u_v) - sum_v p_v u_v.   The gradient of log pi(o_t) with respect to h_t is
+        d log pi(o_t) / d h_t = W^T (e_o - p) / T          (e_o: the one-hot of o_t)
+    one vector of the hidden size per token. So the forward keeps that ([n, hidden]) instead of
+    the logits, and the backward is grad_h_t = grad_logp_t * it: nothing of [n, vocab] is kept or
+    recomputed, and the matmuls are those of the plain path (the head's forward and its backward
+    to h). The head gets no gradient (chunked_completion_logp passes only frozen ones).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature: float, chunk: int):
+        if any(ctx.needs_input_grad[1:3]):
+            raise ValueError("_HeadLogp gives the lm_head no gradient: pass a frozen head, or take "
+                             "log pi_theta with completion_logp")
+        logp, entropy, grad_dirs = [], [], []
+        for start in range(0, len(hidden), chunk):
+            o = tokens[start:start + chunk, None]                              # [c, 1]
+            u = torch.nn.functional.linear(hidden[start:start + chunk], weight, bias).float()
+            if temperature != 1.0:
+                u.div_(temperature)         # in place: u is this chunk's own tensor  [c, vocab]
+            # the log-softmax shifted by the row maximum (as logsumexp does): u - max, then exp
+            u.sub_(u.max(-1, keepdim=True).values)
+            p = u.exp()
+            z = p.sum(-1, keepdim=True)
+            p.div_(z)                                                        # softmax, [c, vocab]
+            log_z = z.log().squeeze(-1)         # log Z of the shifted u: log pi = u_o - log Z
+            logp.append(u.gather(-1, o).squeeze(-1) - log_z)
+            entropy.append(log_z - torch.einsum("cv,cv->c", p, u))
+            del u                           # two [c, vocab] fp32 tensors at most are alive at once
+            if ctx.needs_input_grad[0]:
+                p.scatter_add_(-1, o, torch.full_like(o, -1, dtype=p.dtype))      # p - e_o
+                grad_dirs.append(torch.mm(p.to(weight.dtype), weight))          # W^T (p - e_o)
+            del p                           # before the next chunk's u is made
+        logp, entropy = torch.cat(logp), torch.cat(entropy)
+        ctx.mark_non_differentiable(entropy)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(torch.cat(grad_dirs))                    # [n, hidden]
+        ctx.temperature = temperature
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        (grad_dirs,) = ctx.saved_tensors
+        # grad_h = grad_logp * W^T (e_o - p) / T; the minus sign turns W^T (p - e_o) around
+        grad_hidden = grad_dirs.float() * (grad_logp / -ctx.temperature)[:, None]
+        return grad_hidden.to(grad_dirs.dtype), None, None, None, None, None

@@ -3,11 +3,11 @@
     python train.py                      # the embedded demo: tiny model, 2-digit addition, CPU
     python train.py --help               # every knob, with its meaning
 
-Each round: sample R = prompts_per_round x num_generations rollouts with the current policy,
-add them to a FIFO buffer of N rollouts, then take K optimizer steps, each on B rollouts drawn
-uniformly from the buffer. Replay ratio = K*B/R (mean uses of a rollout); staleness horizon =
-N/R rounds (how long a rollout stays). On-policy training is N = R = B, K = 1. The infrastructure
-sits behind a few calls: cli.py, loading.py, checkpoint.py, distributed.py (torchrun), report.py.
+Each round: sample R = prompts_per_round x num_generations rollouts with the current policy, add
+them to a FIFO buffer of N rollouts, then take K optimizer steps, each on B rollouts drawn uniformly
+from the buffer. Replay ratio = K*B/R (mean uses of a rollout); staleness horizon = N/R rounds (how
+long a rollout stays). On-policy training is N = R = B, K = 1. The infrastructure sits behind a few
+calls: cli.py, loading.py, checkpoint.py, runfolder.py, distributed.py (torchrun), report.py.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import loading
 import replay_rl
 import report
 import rollout
+import runfolder
 import tasks
 from buffer import ReplayBuffer
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
@@ -108,6 +109,7 @@ class Config:
                      choices=("auto", "float32", "bfloat16", "float16"))
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
+    logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so transformers "
                                        "compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
@@ -197,14 +199,14 @@ def main(argv=None) -> dict:
         return train(cfg, task, stop, saved)
     except torch.OutOfMemoryError:
         sys.exit(f"error: {cli.OOM_HELP}")
-    except checkpoint.DiskFull as e:
+    except runfolder.DiskFull as e:
         sys.exit(f"error: {checkpoint.disk_full_message(e)}")
     except KeyboardInterrupt:           # a second signal
         distributed.exit_all(f"\ninterrupted again: exited at once, without saving; "
                              f"{checkpoint.how_to_go_on(stop.run_dir)}", 128 + (stop.second or signal.SIGINT))
     finally:
         stop.restore()
-        checkpoint.unlock_runs()
+        runfolder.unlock_runs()
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def update(run: Run) -> None:
             policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
             normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
             asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
-            max_grad_norm=cfg.max_grad_norm,
+            max_grad_norm=cfg.max_grad_norm, logp_chunk=cfg.logp_chunk,
             loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
     report.peak_memory(state.round_stats, "train", run.model)
     state.step += 1     # skipped or not: ages count every step taken (or tried)
@@ -367,7 +369,7 @@ def finish(run: Run) -> dict:
 def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) -> Run:
     """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
     device, rank, world = distributed.init(cfg.device)
-    out = checkpoint.claim_run_folder(cfg.output_dir)     # default runs/<time>; locked, or a one-line exit
+    out = runfolder.claim_run_folder(cfg.output_dir)     # default runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
     report.save_config(out, {**asdict(cfg), "world_size": world})     # a folder whose model failed holds no run
     params = [p for p in model.parameters() if p.requires_grad]

@@ -22,7 +22,12 @@
 #    time; GPU_CHECK_EVAL=1 keeps them), and prints the largest gen_peak_mem_gb / train_peak_mem_gb /
 #    gen_reserved_gb / train_reserved_gb / peak_mem_gb of each run with memory_estimate.py's estimate:
 #      1-3: 0.5B: bf16 256 new micro 8; 4-bit 256 new micro 2 ckpt; bf16 512 new micro 2 ckpt (the README's);
-#      4-5: 1.5B in 4-bit, gradient checkpointing, micro-batch 2, at 256 and 512 new tokens.
+#      4-5: 1.5B in 4-bit, gradient checkpointing, micro-batch 2, at 256 and 512 new tokens;
+#      (rows 1-5 with --logp-chunk 0: the plain log-probs they were measured with on 2026-11-30)
+#      6-9, not in the default list (GPU_CHECK_ROWS="6 7 8 9", with GPU_CHECK_BENCH=0 GPU_CHECK_DIAG=0: a few
+#      minutes): 0.5B bf16, 256 new, gradient checkpointing, micro-batch 4 and 8, each with the plain log-probs
+#      (--logp-chunk 0) and train.py's default chunks of 256: train_peak_mem_gb of plain against chunked.
+#      Written 2026-12-02 and not run yet (no GPU was lent).
 #    The rows run at the same time (per-process allocator figures do not depend on it; their wall times do);
 #    the 4-bit rows are skipped (with a message) without bitsandbytes;
 # 4. a diagnostic of the fast path, with what time is left: per-decode-step ms of plain and fast generate
@@ -75,8 +80,14 @@ row_spec() {
            R_NAME="1.5B 4-bit, 256 new, micro 2, ckpt (not measured before)";;
         5) R_MODEL=model15; R_NEW=512; R_MICRO=2; R_FLAGS="--gradient-checkpointing --load-in-4bit"; R_CAP=240
            R_NAME="1.5B 4-bit, 512 new, micro 2, ckpt (estimated 5.0 allocated)";;
+        6|7|8|9)   # plain log-probs (6, 8) against train.py's chunks of 256 (7, 9), micro-batch 4 and 8
+           R_MODEL=model; R_NEW=256; R_MICRO=$(( $1 < 8 ? 4 : 8 )); R_CAP=180
+           R_FLAGS="--gradient-checkpointing"; R_NAME="log-probs in chunks of 256 (train.py's default)"
+           (( $1 % 2 == 0 )) && R_FLAGS+=" --logp-chunk 0" && R_NAME="plain log-probs"
+           R_NAME="0.5B bf16, 256 new, micro $R_MICRO, ckpt, $R_NAME (not measured before)";;
         *) return 1;;
     esac
+    (( $1 <= 5 )) && R_FLAGS+="${R_FLAGS:+ }--logp-chunk 0"     # as measured on 2026-11-30: plain log-probs
     R_NEW=$(( R_NEW / DIV ))
 }
 
@@ -369,14 +380,17 @@ try:                                              # one summary line: measured a
     with open(os.path.join(model, "config.json")) as f:
         est = memory_estimate.estimate(json.load(f), load_in_4bit="4bit" in flags, rollouts=64,
                                        prompt_tokens=int(pmax), max_new_tokens=int(new), micro_batch=int(micro),
-                                       gradient_checkpointing="checkpointing" in flags)["peak"]
+                                       gradient_checkpointing="checkpointing" in flags,
+                                       logp_chunk=0 if "--logp-chunk 0" in flags else memory_estimate.LOGP_CHUNK)
+        est_train = est["train_peak"]
+        est = est["peak"]
 except Exception as e:
-    est = float("nan")
+    est = est_train = float("nan")
     print(f"estimate failed: {type(e).__name__}: {e}", file=sys.stderr)
 g = lambda k: f"{best[k]:.2f}" if k in best else "n/a"
 err = f"{(est - best['peak_mem_gb']) / best['peak_mem_gb']:+.0%}" if best.get("peak_mem_gb") else "n/a"
 print(f"| {row_id} | {name} | {g('gen_peak_mem_gb')} / {g('train_peak_mem_gb')} | {g('gen_reserved_gb')} / "
-      f"{g('train_reserved_gb')} | {g('peak_mem_gb')} | {est:.2f} | {err} |")
+      f"{g('train_reserved_gb')} | {g('peak_mem_gb')} | {est:.2f} (train {est_train:.2f}) | {err} |")
 EOF
     # shellcheck disable=SC2086
     "$PY" benchmarks/memory_estimate.py --model "$WORK/$R_MODEL" --prompt-tokens "$pmax" --rollouts 64 \

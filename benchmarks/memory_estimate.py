@@ -5,6 +5,7 @@
     python benchmarks/memory_estimate.py --model PATH --max-new-tokens 256 --micro-batch-size 8 [--load-in-4bit]
         [--gradient-checkpointing] [--prompt-tokens 231] [--rollouts 64]   # one configuration, term by term
     python benchmarks/memory_estimate.py --dtype float16   # train.py --dtype float16: the same figures as bf16
+    python benchmarks/memory_estimate.py --logp-chunk 0    # the plain log-probs (train.py's flag)
 
 GB here is 2^30 bytes, as train.py's gen_peak_mem_gb / train_peak_mem_gb (torch.cuda.max_memory_allocated).
 The estimate is of the peak ALLOCATED memory; the GPU also needs the CUDA context and the allocator's
@@ -15,7 +16,7 @@ kept in fp32 (the LoRA weights and their inputs, the norms' inputs, the logits).
 
     peak       = max(gen_peak, train_peak)
     gen_peak   = weights + lora + workspace + max(prefill, decode)
-    train_peak = weights + lora + workspace + activations + max(LOGIT_COPIES * logits, recompute)
+    train_peak = weights + lora + workspace + activations + max(logits, recompute)
 
 with s = bytes of the residual stream: 2 in bf16, 4 with --load-in-4bit (peft's prepare_model_for_kbit_training
 upcasts every weight it does not quantize to fp32, the embedding too, so the hidden states are fp32), R rollouts
@@ -53,13 +54,26 @@ I intermediate, kv = kv heads * head dim, V vocabulary:
                Qwen2.5-0.5B, bf16, padded, T = 486: a = 85,984 bytes.
   recompute    with checkpointing only, later in the backward, once the logits are freed: one layer recomputed,
                2 * m * T * a (its activations and, assumed, as much again for their gradients)
-  logits       m * C * V * 4: fp32 logits of the completion columns (completion_logp). At the backward peak 5
-               are alive: the saved scaled logits, gather's gradient, and the three temporaries of logsumexp's
-               backward (logits - lse, its exp, grad * exp). The forward holds fewer (bf16 logits, fp32 logits,
-               softmax for the entropy). Checked on CPU with a live-tensor count.
+  logits       the log-probs' logits, by train.py's --logp-chunk c (LOGP_CHUNK = 256 by default):
+               c > 0 (replay_rl.chunked_completion_logp):
+                 2 * min(c, m * C) * V * 4 + 2 * m * C * h * s
+                 two fp32 [c, V] tensors of one chunk alive at once (the scaled logits and their
+                 softmax; in bf16 the softmax's bf16 copy follows the logits), plus the hidden
+                 states of the m * C scored tokens and their gradient directions ([m * C, h] each);
+                 nothing of [m, C, V] is kept for the backward. Without checkpointing the
+                 backward's own temporaries (on CPU ~0.3 of one layer's activations) stay below the
+                 chunk at these shapes and are not modelled.
+               c = 0 (replay_rl.completion_logp): 5 * m * C * V * 4: fp32 logits of the completion
+                 columns; at the backward peak 5 are alive: the saved scaled logits, gather's
+                 gradient, and the three temporaries of logsumexp's backward (logits - lse, its
+                 exp, grad * exp). The forward holds fewer (bf16 and fp32 logits, the softmax).
+               Both checked on CPU with a live-tensor count (tests/test_memory_estimate.py).
 
-Constants: LOGIT_COPIES = 5, the 16 LoRA bytes, the 6 [R, V] tensors and the workspace are read off the code;
-nothing is fitted. Against the five rows measured on an H200 (MEASURED below) the estimate is within 2%.
+Constants: LOGIT_COPIES = 5, CHUNK_LOGIT_COPIES = 2, the 16 LoRA bytes, the 6 [R, V] tensors and
+the workspace are read off the code; nothing is fitted. Against the five rows measured on an H200
+(MEASURED below, all with the plain log-probs, c = 0) the estimate is within 2%. The figures of
+the chunked log-probs are estimates until a GPU measures them (GPU_CHECK_ROWS="6 7 8 9" bash
+benchmarks/gpu_check.sh).
 (An earlier version fitted a factor of 1.20 on the saved activations to a measurement of 16.1 GB for the first
 row, taken with older code; measured again on 2026-11-30 it is 14.73 GB, which the plain count gives.)
 Not modelled: the allocator's reserve beyond the allocated peak (train.py logs gen_reserved_gb /
@@ -75,6 +89,8 @@ import os
 
 GB = 2**30
 LOGIT_COPIES = 5             # fp32 [m, C, V] tensors alive at the backward peak (read off the code)
+LOGP_CHUNK = 256             # tokens per chunk: train.py's --logp-chunk default (replay_rl's)
+CHUNK_LOGIT_COPIES = 2       # fp32 [chunk, V] tensors alive at once in the chunked log-probs
 SAMPLING_COPIES = 6          # fp32 [R, V] tensors of one sampling step
 LORA_BYTES = 16              # fp32 weight + gradient + 2 AdamW moments
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)     # nf4 + 8-bit absmax per 64 + fp32 absmax per 256 blocks
@@ -111,12 +127,23 @@ README_ROWS = [   # (model, weights, max new tokens, micro-batch, gradient check
     ("Qwen2.5-0.5B", "bf16", 256, 4, True),     # the README's GSM8K command
     ("Qwen2.5-0.5B", "4-bit", 256, 4, True),
     ("Qwen2.5-0.5B", "bf16", 512, 2, True),
+    ("Qwen2.5-0.5B", "bf16", 256, 8, True),
+    ("Qwen2.5-0.5B", "bf16", 256, 16, True),
+    ("Qwen2.5-0.5B", "bf16", 512, 16, True),
     ("Qwen2.5-1.5B", "bf16", 256, 2, True),
+    ("Qwen2.5-1.5B", "bf16", 256, 8, True),
+    ("Qwen2.5-1.5B", "bf16", 256, 16, True),
     ("Qwen2.5-1.5B", "4-bit", 256, 2, True),
     ("Qwen2.5-1.5B", "4-bit", 512, 2, True),
+    ("Qwen2.5-1.5B", "4-bit", 256, 8, True),
+    ("Qwen2.5-1.5B", "4-bit", 256, 16, True),
     ("Qwen2.5-3B", "bf16", 256, 2, True),
+    ("Qwen2.5-3B", "bf16", 256, 8, True),
+    ("Qwen2.5-3B", "bf16", 256, 16, True),
     ("Qwen2.5-3B", "4-bit", 256, 2, True),
     ("Qwen2.5-3B", "4-bit", 512, 2, True),
+    ("Qwen2.5-3B", "4-bit", 256, 8, True),
+    ("Qwen2.5-3B", "4-bit", 256, 16, True),
 ]
 
 
@@ -148,10 +175,11 @@ def activation_bytes(c: dict, *, load_in_4bit: bool, lora_r: int = 16, padded: b
 
 def estimate(c: dict, *, load_in_4bit: bool, rollouts: int, prompt_tokens: int, max_new_tokens: int,
              micro_batch: int, lora_r: int = 16, gradient_checkpointing: bool = False, padded: bool = True,
-             dtype: str = "bfloat16") -> dict:
+             dtype: str = "bfloat16", logp_chunk: int = LOGP_CHUNK) -> dict:
     """Every term of the formula (module docstring) in GB, and gen_peak, train_peak, peak.
     prompt_tokens: the longest prompt of a round (the others are padded to it). dtype: of the base
-    weights without 4-bit, "bfloat16" or "float16" (DTYPE_BYTES)."""
+    weights without 4-bit, "bfloat16" or "float16" (DTYPE_BYTES). logp_chunk: train.py's
+    --logp-chunk (0: the plain log-probs, as in the measured rows)."""
     d = shapes(c)
     h, q, kv, I, V, n = d["h"], d["q"], d["kv"], d["inter"], d["V"], d["layers"]
     linears = [(h, q), (h, kv), (h, kv), (q, h), (h, I), (h, I), (I, h)]     # q, k, v, o, gate, up, down
@@ -168,13 +196,16 @@ def estimate(c: dict, *, load_in_4bit: bool, rollouts: int, prompt_tokens: int, 
     a = activation_bytes(c, load_in_4bit=load_in_4bit, lora_r=lora_r, padded=padded, tokens=T, dtype=dtype)
     saved = n * m * T * (s * h if gradient_checkpointing else a)     # at the logits' backward
     recompute = 2 * m * T * a if gradient_checkpointing else 0          # later: one layer recomputed
-    logits = m * C * V * 4
+    if logp_chunk:      # one chunk's [c, V] at a time; the tokens' hidden states, gradient directions
+        logits = CHUNK_LOGIT_COPIES * min(logp_chunk, m * C) * V * 4 + 2 * m * C * h * s
+    else:
+        logits = LOGIT_COPIES * m * C * V * 4
     fixed = weights + lora + WORKSPACE
     terms = dict(weights=weights, lora=lora, workspace=WORKSPACE, prefill=prefill, decode=decode,
-                 activations=saved, logits=LOGIT_COPIES * logits, recompute=recompute)
+                 activations=saved, logits=logits, recompute=recompute)
     terms = {k: v / GB for k, v in terms.items()}
     terms["gen_peak"] = (fixed + max(prefill, decode)) / GB
-    terms["train_peak"] = (fixed + saved + max(LOGIT_COPIES * logits, recompute)) / GB
+    terms["train_peak"] = (fixed + saved + max(logits, recompute)) / GB
     terms["peak"] = max(terms["gen_peak"], terms["train_peak"])
     return terms
 
@@ -196,7 +227,7 @@ def measured_vs_estimated() -> list[tuple]:
     """[(model, weights, new tokens, micro-batch, ckpt, measured GB, reserved GB, estimate dict)]."""
     return [(name, w, new, micro, ckpt, gb, reserved,
              estimate(MEASURED_MODELS[name], load_in_4bit=w == "4-bit", max_new_tokens=new, micro_batch=micro,
-                      gradient_checkpointing=ckpt, **MEASURED_SETTINGS))
+                      gradient_checkpointing=ckpt, logp_chunk=0, **MEASURED_SETTINGS))
             for name, w, new, micro, ckpt, gb, reserved in MEASURED]
 
 
@@ -213,13 +244,15 @@ def main(argv=None):
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--unpadded", action="store_true", help="all prompts of a round have the same length")
+    p.add_argument("--logp-chunk", type=int, default=LOGP_CHUNK,
+                   help="train.py's --logp-chunk: tokens per chunk of log-probs; 0: the plain ones")
     args = p.parse_args(argv)
     models = QWEN
     if args.model:
         with open(os.path.join(args.model, "config.json")) as f:
             models = {os.path.basename(args.model.rstrip("/")): json.load(f)}
     common = dict(rollouts=args.rollouts, prompt_tokens=args.prompt_tokens, lora_r=args.lora_r,
-                  padded=not args.unpadded, dtype=args.dtype)
+                  padded=not args.unpadded, dtype=args.dtype, logp_chunk=args.logp_chunk)
     half = {"bfloat16": "bf16", "float16": "fp16"}[args.dtype]     # the label of the 2-byte rows
     if args.max_new_tokens and args.micro_batch_size:
         for name, c in models.items():
@@ -243,15 +276,20 @@ def main(argv=None):
                   f"{e['gen_peak']:.1f} / {e['train_peak']:.1f} |")
         print()
     print(f"ESTIMATED peak allocated GPU memory (GB) of one round; LoRA r={args.lora_r} on all linear layers; "
-          f"{args.rollouts} rollouts per round; prompts padded to {args.prompt_tokens} tokens")
-    print("| model | weights | max new tokens | micro-batch | grad. ckpt | est. peak GB | est. gen / train GB | fits in |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{args.rollouts} rollouts per round; prompts padded to {args.prompt_tokens} tokens; "
+          f"log-probs in chunks of {args.logp_chunk} tokens (0: plain), and beside them the plain "
+          f"ones (--logp-chunk 0)")
+    print("| model | weights | max new tokens | micro-batch | grad. ckpt | est. peak GB "
+          "| est. gen / train GB | fits in | plain log-probs: est. peak GB, fits in |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = README_ROWS if not args.model else [(name, *row[1:]) for name in models for row in README_ROWS[:3]]
     for name, w, new, micro, ckpt in rows:
-        e = estimate(models[name], load_in_4bit=w == "4-bit", max_new_tokens=new, micro_batch=micro,
-                     gradient_checkpointing=ckpt, **common)
+        e, plain = (estimate(models[name], load_in_4bit=w == "4-bit", max_new_tokens=new,
+                             micro_batch=micro, gradient_checkpointing=ckpt, **{**common, **chunk})
+                    for chunk in ({}, {"logp_chunk": 0}))
         print(f"| {name} | {half if w == 'bf16' else w} | {new} | {micro} | {'yes' if ckpt else 'no'} | "
-              f"{e['peak']:.1f} | {e['gen_peak']:.1f} / {e['train_peak']:.1f} | {fits(e['peak'])} |")
+              f"{e['peak']:.1f} | {e['gen_peak']:.1f} / {e['train_peak']:.1f} | "
+              f"{fits(e['peak'])} | {plain['peak']:.1f}, {fits(plain['peak'])} |")
 
 
 if __name__ == "__main__":

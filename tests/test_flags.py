@@ -101,6 +101,7 @@ dtype                  | --dtype float16                | config   | config   | 
 load_in_4bit           | --load-in-4bit                 | config   | refused  | config  |
 gradient_checkpointing | --gradient-checkpointing       | config   | config   | config  |
 fast_generation        | --fast-generation              | config   | config   | config  |
+logp_chunk             | --logp-chunk 64                | config   | config   | config  | Llama/Qwen
 trust_remote_code      | --trust-remote-code            | config   | config   | config  |
 save_every             | --save-every 2                 | config   | config   | config  |
 keep_checkpoints       | --keep-checkpoints 3           | config   | config   | config  |

@@ -2,13 +2,13 @@
 its formula, and its byte counts against what autograd really keeps (a small model on CPU)."""
 import os
 import sys
-import weakref
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import memory_estimate as me  # noqa: E402
+from chunked_logp import LiveBytes, random_batch, random_qwen2, update_live_peak  # noqa: E402
 
 GB = 2**30
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,9 +32,12 @@ MEASURED = [   # model, weights, max new tokens, micro-batch, gradient checkpoin
 Q05 = me.QWEN["Qwen2.5-0.5B"]
 
 
-def est(c=Q05, *, q4=False, new=256, micro=8, ckpt=False, prompt=231, rollouts=64, padded=True):
-    return me.estimate(c, load_in_4bit=q4, rollouts=rollouts, prompt_tokens=prompt, max_new_tokens=new,
-                       micro_batch=micro, gradient_checkpointing=ckpt, padded=padded)
+def est(c=Q05, *, q4=False, new=256, micro=8, ckpt=False, prompt=231, rollouts=64, padded=True,
+        chunk=0):
+    """The estimate; chunk 0: the plain log-probs, as the H200 rows were measured."""
+    return me.estimate(c, load_in_4bit=q4, rollouts=rollouts, prompt_tokens=prompt,
+                       max_new_tokens=new, micro_batch=micro, gradient_checkpointing=ckpt,
+                       padded=padded, logp_chunk=chunk)
 
 
 @pytest.mark.parametrize("model,weights,new,micro,ckpt,measured,reserved", MEASURED)
@@ -57,6 +60,26 @@ def test_logits_term_is_five_fp32_completion_logits_linear_in_micro_batch_and_vo
     assert double_vocab["logits"] == pytest.approx(2 * e["logits"])
     # the prompt costs activations, not logits
     assert est(prompt=500)["logits"] == e["logits"] and est(prompt=500)["activations"] > e["activations"]
+
+
+def test_chunked_logits_term_is_two_fp32_chunks_and_two_hidden_states_per_token():
+    """train.py's default --logp-chunk 256: two fp32 [256, V] tensors, whatever the micro-batch, and
+    per scored token its bf16 hidden state and gradient direction."""
+    import replay_rl
+    import train
+    assert me.LOGP_CHUNK == replay_rl.LOGP_CHUNK == train.Config().logp_chunk == 256
+    V, h = 151936, 896
+    e = est(micro=8, new=256, chunk=256)
+    assert e["logits"] == pytest.approx((2 * 256 * V * 4 + 2 * 8 * 256 * h * 2) / GB)     # 0.30 GB
+    assert e["logits"] < est(micro=8, new=256)["logits"] / 19                           # of 5.80
+    assert est(micro=16, chunk=256)["logits"] - e["logits"] == pytest.approx(2 * 8 * 256 * h * 2 / GB)
+    # fewer tokens than a chunk: one chunk of them
+    assert est(micro=1, new=100, chunk=256)["logits"] == pytest.approx(
+        (2 * 100 * V * 4 + 2 * 100 * h * 2) / GB)
+    # the saved activations and generation do not change; 4-bit: the fp32 stream and head
+    assert e["activations"] == est()["activations"] and e["gen_peak"] == est()["gen_peak"]
+    assert est(q4=True, chunk=256)["logits"] == pytest.approx(
+        (2 * 256 * V * 4 + 2 * 8 * 256 * h * 4) / GB)
 
 
 def test_gradient_checkpointing_keeps_only_each_layers_input():
@@ -100,15 +123,21 @@ def test_float16_is_bf16_to_the_estimate(capsys):
         bf16 = est(**settings)
         assert me.estimate(Q05, load_in_4bit=settings.get("q4", False), rollouts=64, prompt_tokens=231,
                            max_new_tokens=settings.get("new", 256), micro_batch=settings.get("micro", 8),
-                           gradient_checkpointing=settings.get("ckpt", False), dtype="float16") == bf16
-    me.main(["--dtype", "float16", "--max-new-tokens", "256", "--micro-batch-size", "8"])
+                           gradient_checkpointing=settings.get("ckpt", False), dtype="float16",
+                           logp_chunk=0) == bf16
+    one = ["--dtype", "float16", "--max-new-tokens", "256", "--micro-batch-size", "8"]
+    me.main(one)
+    chunked = est(chunk=256)["peak"]
+    assert f"ESTIMATE Qwen2.5-0.5B (fp16): peak {chunked:.2f} GB" in capsys.readouterr().out
+    me.main(one + ["--logp-chunk", "0"])
     assert f"ESTIMATE Qwen2.5-0.5B (fp16): peak {est()['peak']:.2f} GB" in capsys.readouterr().out
     me.main(["--dtype", "float16"])
     assert "| Qwen2.5-0.5B | fp16 | 512 | 2 | yes |" in capsys.readouterr().out
 
 
 def test_docs_tables_are_the_measurements_and_this_estimate():
-    """docs/gpu.md: the measured rows (allocated, with reserved in brackets) and the estimated table."""
+    """docs/gpu.md: the measured rows (allocated, with reserved in brackets) and the estimated
+    table, with train.py's default chunked log-probs and, last, the plain ones (--logp-chunk 0)."""
     text = open(os.path.join(ROOT, "docs", "gpu.md")).read()
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| ") and line.split("|")[3].strip().isdigit()]
@@ -119,9 +148,12 @@ def test_docs_tables_are_the_measurements_and_this_estimate():
     assert len(estimated) == len(me.README_ROWS)
     for cells, (model, w, new, micro, ckpt) in zip(estimated, me.README_ROWS):
         assert cells[:5] == [model, w, str(new), str(micro), "yes" if ckpt else "no"]
-        e = me.estimate(me.QWEN[model], load_in_4bit=w == "4-bit", rollouts=64, prompt_tokens=231,
-                        max_new_tokens=new, micro_batch=micro, gradient_checkpointing=ckpt)
+        e, plain = (me.estimate(me.QWEN[model], load_in_4bit=w == "4-bit", rollouts=64,
+                                prompt_tokens=231, max_new_tokens=new, micro_batch=micro,
+                                gradient_checkpointing=ckpt, logp_chunk=chunk)
+                    for chunk in (me.LOGP_CHUNK, 0))
         assert cells[5] == f"{e['peak']:.1f}" and cells[7] == me.fits(e["peak"])
+        assert cells[8] == f"{plain['peak']:.1f}, {me.fits(plain['peak'])}"
 
 
 def test_fits_adds_the_measured_context_and_a_reserve():
@@ -198,31 +230,6 @@ def test_activation_bytes_are_what_autograd_keeps(small_models, padded, load_in_
     assert per_layer == m * T * me.activation_bytes(config, load_in_4bit=load_in_4bit, padded=padded, tokens=T)
 
 
-class LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Bytes of the tensors created under this mode that are still alive, and their peak."""
-
-    def __init__(self, exclude):
-        super().__init__()
-        self.exclude, self.live, self.now, self.peak = set(exclude), {}, 0, 0
-
-    def _free(self, key):
-        self.now -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = (id(s), s.data_ptr())
-                if s.data_ptr() in self.exclude or key in self.live or not s.nbytes():
-                    continue
-                self.live[key] = s.nbytes()
-                self.now += s.nbytes()
-                weakref.finalize(s, self._free, key)
-                self.peak = max(self.peak, self.now)
-        return out
-
-
 def test_five_fp32_logits_are_alive_at_the_backward_peak(small_models):
     from replay_rl import completion_logp, load_policy, policy_loss
     model, _ = load_policy(small_models[1], lora_r=16, dtype=torch.bfloat16)
@@ -240,3 +247,34 @@ def test_five_fp32_logits_are_alive_at_the_backward_peak(small_models):
         loss.backward()
     copies = (tracker.peak - activations) / logits
     assert me.LOGIT_COPIES - 0.1 < copies < me.LOGIT_COPIES + 0.15, copies     # 5.01: plus a few small tensors
+
+
+def test_two_fp32_chunk_logits_are_alive_at_the_chunked_peak(small_models):
+    """The chunked log-probs' peak over the saved activations is the estimate's logits term: two
+    fp32 [chunk, V] tensors and two [tokens, h] ones (bf16 here)."""
+    from replay_rl import load_policy
+    model, _ = load_policy(small_models[1], lora_r=16, dtype=torch.bfloat16)
+    model.train()
+    m, prompt, completion, V, h, chunk = 2, 9, 32, 4096, SMALL["hidden_size"], 16
+    batch = batch_of(m, prompt, completion, padded=False)
+    activations = m * (prompt + completion - 1) * me.activation_bytes(
+        {**SMALL, "vocab_size": V, "num_hidden_layers": 1}, load_in_4bit=False, padded=False)
+    term = me.CHUNK_LOGIT_COPIES * chunk * V * 4 + 2 * m * completion * h * 2
+    ratio = (update_live_peak(model, batch, chunk) - activations) / term
+    assert 0.97 < ratio < 1.1, ratio                # 1.03: plus a few small tensors
+
+
+def test_chunked_update_peaks_below_a_quarter_of_the_plain_one_at_qwen_vocabulary(tmp_path):
+    """Issue 44's bound, at Qwen2.5's vocabulary (151,936) with hidden size 16 (the logits
+    dominate): micro-batch 8 x 32 completion tokens in chunks of 32, as 8 x 256 in train.py's
+    chunks of 256 (that full size: benchmarks/chunked_logp.py --parts live, in
+    docs/results/chunked_logp_cpu.json). Live-tensor bytes."""
+    from replay_rl import load_policy
+    vocab = 151_936
+    model, _ = load_policy(random_qwen2(str(tmp_path), vocab, 16), lora_r=16, dtype=torch.bfloat16)
+    model.train()
+    batch = random_batch(8, 32, 32, vocab)
+    plain, chunked = (update_live_peak(model, batch, chunk) for chunk in (0, 32))
+    assert chunked <= 0.25 * plain, chunked / plain                  # 0.05
+    # five fp32 [256, V] logits at the plain peak; two fp32 [32, V] ones at the chunked peak
+    assert 4.9 < plain / (8 * 32 * vocab * 4) < 5.2 and 1.9 < chunked / (32 * vocab * 4) < 2.2
