@@ -25,9 +25,9 @@ Variants (off by default; the method is the plain FIFO above), from the paper's 
                                   rewards were all equal: they carry no gradient).
 
 Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
-batch only when it is used. The buffer counts what it stored (``stored``) and, of the rollouts that
-have left it, how often each had been used (``left_by_uses``): the replay ratio as measured, which
-the filter and the staleness cap move away from K*B/R.
+batch only when it is used. Of the rollouts that have left the buffer, it counts how often each had
+been used (``left_by_uses``): the replay ratio as measured, which the filter and the staleness cap
+move away from K*B/R.
 """
 from __future__ import annotations
 
@@ -82,7 +82,6 @@ class ReplayBuffer:
         self.skip_zero_advantage = skip_zero_advantage
         self.items: list[Rollout] = []              # oldest first
         self.generator = torch.Generator().manual_seed(seed)
-        self.stored = 0                             # rollouts stored so far (after the filter)
         self.left_by_uses: list[int] = []           # rollouts gone, by uses: [unused, once, twice, ...]
 
     def __len__(self) -> int:
@@ -95,12 +94,9 @@ class ReplayBuffer:
             rollouts = [rollout for rollout in rollouts if rollout.advantage != 0]
         if limit is not None:
             rollouts = rollouts[:max(limit, 0)]
-        self.stored += len(rollouts)
-        before = self.items = self.items + rollouts
+        self.items = self.items + rollouts
         if len(self.items) > self.capacity:
             self.evict(len(rollouts))
-        kept = {id(rollout) for rollout in self.items}
-        self.count_leaving([rollout for rollout in before if id(rollout) not in kept])
         return len(rollouts)
 
     def evict(self, n_new: int) -> None:
@@ -111,12 +107,14 @@ class ReplayBuffer:
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
         slots = self.capacity - n_fresh
         if slots == 0:
+            self.count_leaving(older)
             self.items = fresh
             return
         # the older rollouts to keep: correct ones first, then the rest, each freshest first
         newest_first = list(range(len(older) - 1, -1, -1))
         ranked = [i for i in newest_first if older[i].reward > 0] + [i for i in newest_first if older[i].reward <= 0]
         kept = sorted(ranked[:slots])
+        self.count_leaving([older[i] for i in ranked[slots:]])
         self.items = [older[i] for i in kept] + fresh
 
     def drop_stale(self, policy_version: int) -> int:
@@ -169,7 +167,6 @@ class ReplayBuffer:
             "uses": torch.tensor([rollout.uses for rollout in items], dtype=torch.long),
             "temperature": torch.tensor([rollout.temperature for rollout in items], dtype=torch.float64),
             "generator_state": self.generator.get_state(),
-            "stored": torch.tensor([self.stored], dtype=torch.long),
             "left_by_uses": torch.tensor(self.left_by_uses, dtype=torch.long),
         }
 
@@ -186,8 +183,7 @@ class ReplayBuffer:
                               temperature=temperature[i].item())
                       for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
         self.generator.set_state(state["generator_state"])
-        # a checkpoint older than these counts: the rollouts in it stored, none counted as gone
-        self.stored = int(state["stored"][0]) if "stored" in state else len(self.items)
+        # a checkpoint older than this count: none counted as gone
         self.left_by_uses = state["left_by_uses"].tolist() if "left_by_uses" in state else []
 
 

@@ -100,9 +100,7 @@ def parse(config_class, argv=None, description: str = ""):
         # a run stopped before its first checkpoint: it starts again, in its folder, from its config
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
         fields = {f.name for f in dataclasses.fields(config_class)}
-        changed = [f"--{k.replace('_', '-')}" for k in RESUME_FIXED
-                   if k in given and given[k] != config.get(k, given[k])]
-        if changed:
+        if changed := fixed_changes(config_class, config, given):
             parser.error(f"--resume {cfg.resume}: these fields cannot change on resume: "
                          f"{', '.join(changed)}")
         distributed.print0(f"{cfg.resume} holds no checkpoint yet: the run starts again from its "
@@ -120,13 +118,8 @@ def parse(config_class, argv=None, description: str = ""):
                          f"{distributed.world_size()}: each process holds its own buffer shard; "
                          f"resume with {saved_world}")
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
-        # a field newer than the checkpoint: it was saved with the default
-        saved_value = {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}
-        changed = [f"--{k.replace('_', '-')} (saved {saved_value[k]!r}, given {given[k]!r})"
-                   for k in RESUME_FIXED
-                   if k in given and canonical(k, given[k], config["task"])
-                   != canonical(k, saved_value[k], config["task"])]
-        if changed:
+        saved_value = fixed_values(config_class, config)
+        if changed := fixed_changes(config_class, config, given):
             parser.error(f"--resume {saved.path}: these fields cannot change on resume: "
                          f"{', '.join(changed)}")
         run_dir = os.path.dirname(os.path.abspath(saved.path))
@@ -146,6 +139,19 @@ def parse(config_class, argv=None, description: str = ""):
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
     return cfg, saved
+
+
+def fixed_values(config_class, config: dict) -> dict:
+    """A saved run's RESUME_FIXED fields (a field newer than its config: saved with the default)."""
+    return {k: config.get(k, getattr(config_class, k)) for k in RESUME_FIXED}
+
+
+def fixed_changes(config_class, config: dict, given: dict) -> list[str]:
+    """The RESUME_FIXED flags given with another value than the saved config's (by the model they
+    name: canonical), as '--flag (saved X, given Y)'."""
+    saved = fixed_values(config_class, config)
+    return [f"--{k.replace('_', '-')} (saved {saved[k]!r}, given {given[k]!r})" for k in RESUME_FIXED
+            if k in given and canonical(k, given[k], config["task"]) != canonical(k, saved[k], config["task"])]
 
 
 def canonical(field: str, value, task: str):
