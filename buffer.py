@@ -22,7 +22,9 @@ Variants (off by default; the method is the plain FIFO above), from the paper's 
                                   correct ones cannot fill go to the freshest other older ones,
                                   so the buffer stays full;
   skip_zero_advantage             never store rollouts whose advantage is 0 (their group's
-                                  rewards were all equal: they carry no gradient).
+                                  rewards were all equal): right only for losses that get no
+                                  gradient from them, so it needs the loss named (loss_type, beta)
+                                  and refuses asymre (coefficient tau there) and beta > 0 (the KL).
 
 Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
 batch only when it is used. Of the rollouts that have left the buffer, it counts how often each had
@@ -71,9 +73,14 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0,
-                 keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False):
+                 keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False,
+                 loss_type: str | None = None, beta: float = 0.0):
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
+        if skip_zero_advantage and (loss_type not in ("tis", "ppo") or beta > 0):
+            raise ValueError(f"skip_zero_advantage with loss_type {loss_type!r}, beta {beta}: the filter "
+                             "is only for tis or ppo without KL (beta 0), which get no gradient from a "
+                             "rollout of A = 0; asymre (coefficient tau) and the KL term do")
         if not 0 <= keep_correct_frac < 1:
             raise ValueError(f"keep_correct_frac must be in [0, 1), got {keep_correct_frac}")
         self.capacity = capacity
@@ -94,6 +101,9 @@ class ReplayBuffer:
             rollouts = [rollout for rollout in rollouts if rollout.advantage != 0]
         if limit is not None:
             rollouts = rollouts[:max(limit, 0)]
+        if len(rollouts) > self.capacity:
+            raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.capacity}: the first "
+                             f"{len(rollouts) - self.capacity} would be evicted before any batch used them")
         self.items = self.items + rollouts
         if len(self.items) > self.capacity:
             self.evict(len(rollouts))
@@ -216,13 +226,13 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     # cells in row-major order, so writing the concatenated tokens through a mask places every
     # rollout's tokens in its row: a per-rollout copy in a few vectorized ops.
     column = torch.arange(prompt_len + completion_len)
-    is_prompt = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
-    is_completion = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
+    prompt_cells = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
+    completion_cells = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
     input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
-    input_ids[is_prompt] = torch.cat([rollout.prompt_ids for rollout in rollouts])
-    input_ids[is_completion] = torch.cat([rollout.completion_ids for rollout in rollouts])
-    attention_mask = (is_prompt | is_completion).long()
-    completion_mask = is_completion[:, prompt_len:]
+    input_ids[prompt_cells] = torch.cat([rollout.prompt_ids for rollout in rollouts])
+    input_ids[completion_cells] = torch.cat([rollout.completion_ids for rollout in rollouts])
+    attention_mask = (prompt_cells | completion_cells).long()
+    completion_mask = completion_cells[:, prompt_len:]
     behaviour_logp = torch.zeros((rows, completion_len))
     behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)

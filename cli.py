@@ -20,6 +20,7 @@ import pretrained
 import report
 import runfolder
 import tasks
+from replay_rl import MIN_TEMPERATURE     # below it the loss is 0 (sampling is greedy in effect)
 
 # The knobs in the order that frees the most, measured on an H200 (a 0.5B model, 64 rollouts a
 # round, B = 128): bf16, 256 new tokens, micro-batch 8: 14.7 GB; micro-batch 2 and checkpointing,
@@ -50,10 +51,6 @@ MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generati
                                   eval_prompts=100, eval_every=10)}
 
 
-# At T = 0.01 a logit gap of 0.2 already gives the sampled token a probability of 1 - 2e-9: the
-# importance ratios and the policy gradient of every token vanish (issue 33: at 1e-8 the loss and
-# the gradient were 0 at every step).
-MIN_TEMPERATURE = 0.01
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -257,10 +254,10 @@ def config_problem(cfg) -> str | None:
         return (f"--num-generations 1: a group of one has advantage 0, so the {cfg.loss} loss has "
                 "no gradient; use 2 or more (asymre, whose coefficient r - (V - tau) is tau "
                 "there, can train with 1)")
-    if cfg.skip_zero_advantage and cfg.loss == "asymre":
-        return ("--skip-zero-advantage with --loss asymre: asymre trains on all-equal groups too "
-                "(coefficient tau, not 0), so the filter would change its objective; use it with "
-                "tis or ppo")
+    if cfg.skip_zero_advantage and (cfg.loss == "asymre" or cfg.beta > 0):
+        return (f"--skip-zero-advantage with --loss {cfg.loss} --beta {cfg.beta:g}: asymre "
+                "(coefficient tau) and the KL term train on all-equal groups too, so the filter "
+                "would change the objective; use it with tis or ppo and --beta 0")
     if not 0 <= cfg.keep_correct_frac < 1:
         return f"--keep-correct-frac {cfg.keep_correct_frac}: must be in [0, 1)"
     if cfg.beta < 0:

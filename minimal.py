@@ -4,9 +4,10 @@
 
 Each round: sample G completions for each of P prompts with the current policy, storing for every
 token o_t its behaviour log-prob log mu(o_t) and for every completion its group-normalized advantage
-A = (r - mean(r)) / std(r). Add the R = P x G new rollouts to a FIFO buffer of N; take one
-optimizer step on B rollouts drawn from it uniformly. With R = 128 and B = N = 256 each rollout
-is used twice (replay ratio y = B/R = 2), once fresh and once a step stale. The staleness is
+A = (r - mean(r)) / (std(r) + 1e-4), 0 for a group of equal rewards. Add the R = P x G new rollouts
+to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it uniformly. With R = 128
+and B = N = 256 each rollout is used twice (replay ratio y = K*B/R = 2), once fresh and once a step
+stale. The staleness is
 corrected by truncated importance weights (w_t without gradient; token mean over the batch):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
 train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
@@ -22,19 +23,22 @@ from buffer import ReplayBuffer, collate
 from replay_rl import completion_logp, load_policy, policy_loss
 from rollout import generate_rollouts, greedy_accuracy
 
-PROMPTS, G = 16, 8          # prompts per round x completions per prompt: R = 128 new rollouts
-N, B = 256, 256             # buffer size, rollouts per optimizer step: each used B/R = 2 times
+P, G = 16, 8                # prompts per round x completions per prompt: R = 128 new rollouts
+N, B = 256, 256             # buffer capacity, rollouts per optimizer step: each used K*B/R = 2 times
 LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
 TEMPERATURE = 1.0           # of sampling, and of the loss's log pi_theta: mu and pi_theta must share it
 ROUNDS, EVAL_EVERY = 100, 25
 
 
-def update(model, optimizer, rollouts, pad_id: int, max_grad_norm: float = 1.0) -> dict:
-    """One truncated-IS policy-gradient step on a batch of rollouts; the loss and metrics."""
-    cols = collate(rollouts, pad_id)                # padded: tokens, masks, logp, advantages
-    logp, _ = completion_logp(model, cols, TEMPERATURE)     # log pi_theta(o_t), [batch, completion_len]
+def update(model, optimizer, rollouts, pad_id: int, *, temperature: float, is_cap: float,
+           max_grad_norm: float = 1.0) -> dict:
+    """One truncated-IS policy-gradient step on a batch of rollouts, on the model's device; the loss
+    and metrics. temperature: the T the rollouts were sampled at; is_cap: C."""
+    device = next(model.parameters()).device
+    cols = collate(rollouts, pad_id, device=device)     # padded: tokens, masks, logp, advantages
+    logp, _ = completion_logp(model, cols, temperature)     # log pi_theta(o_t), [batch, completion_len]
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
-                                cols["completion_mask"], is_cap=IS_CAP)
+                                cols["completion_mask"], is_cap=is_cap)
     optimizer.zero_grad()
     loss.backward()
     # a guard against a rare huge step (one batch of unlucky ratios), not part of the method
@@ -50,8 +54,8 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     rounds and at the end."""
     if B > N:
         raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would train")
-    if PROMPTS * G > N:
-        raise ValueError(f"R = {PROMPTS * G} > N = {N}: the oldest rollouts of each round would leave the "
+    if P * G > N:
+        raise ValueError(f"R = {P * G} > N = {N}: the oldest rollouts of each round would leave the "
                          "buffer before any batch could use them")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
@@ -73,18 +77,19 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
         if i == rounds:
             return accuracy
         model.eval()        # generate: the behaviour log-probs are recorded while sampling
-        prompts = rng.sample(task.train_prompts, PROMPTS)
+        prompts = rng.sample(task.train_prompts, P)
         rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward,
                                             num_generations=G, max_new_tokens=task.max_new_tokens,
                                             temperature=TEMPERATURE, policy_version=step)
         buffer.add(rollouts)                        # FIFO: the oldest rollouts leave first
         if len(buffer) >= B:
             model.train()   # safe for the ratios: load_policy set dropout to 0, so it samples as it trains
-            metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id)
+            metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id,
+                             temperature=TEMPERATURE, is_cap=IS_CAP)
             step += 1
             if step % 10 == 0:
-                log(f"round {i + 1}: reward {stats['reward']:.2f}, is_ratio_mean "
-                    f"{metrics['is_ratio_mean']:.4f}, truncated {metrics['is_truncated_frac']:.3f}")
+                log(f"round {i}: reward {stats['reward']:.2f}, is_ratio_mean "
+                    f"{metrics['is_ratio_mean']:.4f}, weights cut at C {metrics['is_truncated_frac']:.3f}")
 
 
 if __name__ == "__main__":

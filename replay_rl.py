@@ -4,7 +4,7 @@
         rho_t = pi_theta(o_t) / mu(o_t)          mu = the policy that generated the rollout
         w_t   = min(rho_t, C)                    C = is_cap, no gradient through w_t
         L     = - sum_t w_t * A * log pi_theta(o_t)       (normalized, see below)
-    loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy, no KL term:
+    loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy:
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - epsilon, 1 + epsilon) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
         L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = mean reward of the group
@@ -12,6 +12,7 @@
         not the group-normalized A; tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
+    beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them (pi_ref: the base model, adapter off).
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
 -A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
 
@@ -33,6 +34,10 @@ from buffer import Rollout, collate
 
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
+# Below this sampling temperature mu is greedy in effect: at T = 0.01 a logit gap of 0.2 already gives
+# the sampled token a probability of 1 - 2e-9, so log mu = 0, rho = 1, and the loss and its gradient
+# vanish. completion_logp refuses it.
+MIN_TEMPERATURE = 0.01
 FP16_LOSS_SCALE = 2.0**10       # update_step_engineered's loss_scale for float16 base weights (static)
 # Tokens per chunk of chunked_completion_logp (train.py's --logp-chunk): with a 152k vocabulary its
 # two fp32 [chunk, vocab] tensors are 0.3 GB, and a chunk is still a large matmul for a GPU.
@@ -75,7 +80,8 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     importance ratios the model samples with only the settings rollout.py passes (the checkpoint's
     own generation defaults are dropped) and without dropout, so on fresh data rho = 1.
     tokenizer: one from ``load_tokenizer`` (else loaded here). load_in_4bit: nf4 weights with
-    double quantization, computing in ``dtype``.
+    double quantization, computing in ``dtype``. lora_alpha: None gives 2 * lora_r (LoRA's scale
+    alpha / r = 2); train.py passes --lora-alpha, 32 whatever r (the same at its r = 16).
     gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
     """
     from peft import LoraConfig, get_peft_model
@@ -134,31 +140,42 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     the sampling temperature T, as they were when mu sampled (rollouts that record another T raise).
     Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no gradient).
     """
-    sampled_at = cols.get("temperature", temperature)
-    if sampled_at != temperature:
-        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log pi_theta is "
-                         f"taken at {temperature:g}: pass the sampling temperature, else every "
-                         "importance ratio is wrong")
+    check_temperature(cols, temperature)
     completion_len = cols["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=completion_len)
     # z: the logits (the README's z_t); u = z / T over the vocabulary v; Z = sum_v exp(u_v), the
-    # normalizer; p_v = exp(u_v) / Z, so log pi_theta(o_t) = u_{o_t} - log Z.
+    # normalizer (a sum, not the logits); p_v = exp(u_v) / Z, so log pi_theta(o_t) = u_{o_t} - log Z.
     # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
     # small matmul (on a GPU, with a 152k vocabulary, each was ~2% of a training step): no division
     # when T = 1, and the entropy's sum_v p_v u_v as a batched dot product (einsum), without a
     # [batch, completion_len, vocab] product in between.
-    u = out.logits.float()                                           # z, [batch, completion_len, vocab]
-    if temperature != 1.0:
-        u = u / temperature
+    z = out.logits.float()                                           # [batch, completion_len, vocab]
+    u = z / temperature if temperature != 1.0 else z                 # the same tensor when T = 1
     tokens = cols["input_ids"][:, -completion_len:]
     log_z = torch.logsumexp(u, dim=-1)                               # log Z, [batch, completion_len]
     logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_z
     with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v u_v
         entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
     return logp, entropy
+
+
+def check_temperature(cols: dict, temperature: float) -> None:
+    """Refuses a T at which log pi_theta would not be comparable with the stored log mu: another T
+    than the rollouts' (collate records theirs in cols), or one too low to sample at all."""
+    if "temperature" not in cols:
+        raise ValueError("cols has no 'temperature': collate records the T the rollouts were "
+                         "sampled at, and log pi_theta must be taken at that T")
+    sampled_at = cols["temperature"]
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature {temperature:g} < {MIN_TEMPERATURE}: sampling is greedy in "
+                         "effect there (log mu = 0 for every sampled token), so the loss is 0")
+    if sampled_at != temperature:
+        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log pi_theta is "
+                         f"taken at {temperature:g}: pass the sampling temperature, else every "
+                         "importance ratio is wrong")
 
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor | None,
@@ -171,11 +188,19 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
 
     logp, behaviour_logp, mask: [batch, completion_len];  advantage A: [batch], one per rollout.
     asymre takes reward r and baseline V [batch] instead. coef: what multiplies log pi, A (tis, ppo)
-    or r - (V - tau) (asymre).  is_cap = C: the cap of the importance
-    (is_) weight.  beta > 0: + beta * KL to the reference log-probs ref_logp [batch, completion_len],
-    per token kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t).
+    or r - (V - tau) (asymre).  is_cap = C: the cap of the importance sampling ("is_") weight.
+    beta > 0: + beta * KL to the reference log-probs ref_logp [batch, completion_len], per token
+    kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t): GRPO's estimate of
+    KL(pi_theta || pi_ref), exact in expectation over tokens drawn from pi_theta. Here they were
+    drawn from mu (stale, on replay) and the term is not importance-weighted: an approximation.
+    13 keywords, one per symbol of the formulas and per loss variant: a reader finds each by name.
     """
+    if is_cap < 1 or not 0 < epsilon < 1 or beta < 0 or (beta > 0 and ref_logp is None):
+        raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), epsilon {epsilon} "
+                         f"(in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): one is out of range")
     coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)   # [batch, 1]
+    real = mask > 0         # selects (torch.where), never multiplies: NaN * 0 at padding is NaN
+    logp, behaviour_logp = torch.where(real, logp, 0.0), torch.where(real, behaviour_logp, 0.0)
     log_rho = logp - behaviour_logp
     rho = torch.exp(log_rho)                                         # rho_t, [batch, completion_len]
     if loss_type == "tis":
@@ -188,7 +213,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     loss = masked_mean(per_token, mask, normalization)
     kl = None
     if beta > 0:
-        d = ref_logp - logp
+        d = torch.where(real, ref_logp, 0.0) - logp
         kl = masked_mean(torch.exp(d) - d - 1, mask, normalization)
         loss = loss + beta * kl
     return loss, loss_metrics(rho, log_rho, coef, mask, loss_type, is_cap, epsilon, kl)
@@ -222,10 +247,11 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token
     A = 0 count in the denominator though they add nothing to the sum: with 86% of a batch's groups
     all-equal, the step is ~7x smaller than over the other tokens alone (GRPO's convention; the lr
     absorbs it). sequence_mean: the mean within each sequence, then over the sequences."""
+    x = torch.where(mask > 0, x, 0.0)      # not x * mask: a NaN or inf at padding would poison the sum
     if normalization == "token_mean":
-        return (x * mask).sum() / mask.sum().clamp(min=1)
+        return x.sum() / mask.sum().clamp(min=1)
     if normalization == "sequence_mean":
-        return ((x * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+        return (x.sum(1) / mask.sum(1).clamp(min=1)).mean()
     raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
 
 
@@ -408,11 +434,7 @@ def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: f
     """
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 token, got {chunk}")
-    sampled_at = cols.get("temperature", temperature)
-    if sampled_at != temperature:
-        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log "
-                         f"pi_theta is taken at {temperature:g}: pass the sampling temperature, "
-                         "else every importance ratio is wrong")
+    check_temperature(cols, temperature)
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = causal_lm.get_output_embeddings()
     if (getattr(causal_lm.config, "model_type", None) not in PLAIN_HEAD_MODELS

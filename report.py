@@ -247,7 +247,7 @@ def buffer_counts(buffer, state) -> dict:
     mine = buffer.left_by_uses + [0] * (longest - len(buffer.left_by_uses))
     total = distributed.sums({"rollouts": len(buffer), **{str(i): n for i, n in enumerate(mine)}})
     state.left_by_uses = [int(total[str(i)]) for i in range(longest)]
-    return {"buffer_size": int(total["rollouts"]), "left_by_uses": state.left_by_uses}
+    return {"buffer_fill": int(total["rollouts"]), "left_by_uses": state.left_by_uses}
 
 
 def reset_peak_memory(model) -> None:

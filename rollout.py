@@ -5,6 +5,8 @@ nothing else of this project but the ``Rollout`` record.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -15,13 +17,16 @@ class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
 
     log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits of step t and T the temperature:
-    the same distribution the loss evaluates. top-p truncation is not modelled (keep top_p = 1.0
+    the same distribution the loss evaluates. the top-p (nucleus) cut-off is not modelled (keep top_p = 1.0
     for exact importance ratios), and nothing else may change the distribution (no top-k, no
     repetition penalty: load_policy resets the model's generation_config).
     ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
     processors, before temperature and top-p) and with input_ids that end with the token sampled
     at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next call; the
-    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * gen_len * vocab).
+    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * completion_len * vocab).
+    (Step here is a decoding step of generate, not an optimizer step.)
+    One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
+    beam search reorders the rows between calls, which the gather here does not follow.
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """
@@ -30,26 +35,30 @@ class BehaviourLogProbs(LogitsProcessor):
         self.temperature = temperature
         self.prev_logp: torch.Tensor | None = None
         self.token_logp: list[torch.Tensor] = []   # each [batch]
-        self.entropy: list[torch.Tensor] = []      # each [batch], entropy of mu at that step
+        self.mu_entropy: list[torch.Tensor] = []   # each [batch], entropy of mu (not pi_theta) there
+        self.finished = False
 
     def _gather_prev(self, tokens: torch.Tensor) -> None:
         if self.prev_logp is not None:
             self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.finished:
+            raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each generate call")
         self._gather_prev(input_ids[:, -1])
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.entropy.append(-(logp.exp() * logp).sum(-1))
+        self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
         self.prev_logp = logp
         return scores
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, gen_len], for ``completions`` [batch, gen_len]
-        (gen_len: the decoding steps generate ran, the longest completion)."""
-        gen_len = completions.shape[1]
-        if len(self.token_logp) < gen_len:
+        """(token_logp, entropy), each [batch, completion_len], for ``completions`` [batch, completion_len]
+        (completion_len: the decoding steps generate ran, the longest completion)."""
+        completion_len = completions.shape[1]
+        if len(self.token_logp) < completion_len:
             self._gather_prev(completions[:, -1])
-        return torch.stack(self.token_logp[:gen_len], 1), torch.stack(self.entropy[:gen_len], 1)
+        self.finished = True
+        return torch.stack(self.token_logp[:completion_len], 1), torch.stack(self.mu_entropy[:completion_len], 1)
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -63,7 +72,7 @@ def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
 
 
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [num_prompts, G]
+    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]
 
     std is the sample standard deviation (as TRL's GRPO); std_floor keeps a near-equal group from
     dividing by ~0 (it is not PPO's clip range epsilon). A group whose rewards are all equal gets
@@ -79,10 +88,15 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 @torch.inference_mode()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                      policy_version: int = 0, fast=None) -> tuple[list[Rollout], dict]:
+                      policy_version: int, fast=None) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
     turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
     r and the group-normalized advantage A (the G rollouts of one prompt form its group).
+    policy_version: the optimizer steps of the model now (no default: a rollout's age is counted from it).
+    prompts: text as the model reads it, chat template applied and special tokens included (they are
+    tokenized with add_special_tokens=False); reward_fn(prompt, completion) gets that same text.
+    G = 1 gives A = 0 for every rollout (a group of one has nothing to compare with): tis and ppo
+    then learn nothing. A round whose groups all have equal rewards warns, once.
 
     A completion keeps its tokens up to and including the first end token (the tokenizer's EOS or
     any of the model's eos_token_id list; pad == eos is common, so all after it is padding).
@@ -95,7 +109,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     device = next(model.parameters()).device
     G = num_generations
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [num_prompts * G, prompt_len]
+    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     # top_k=0 turns off generate's default top-k of 50: the tokens must be sampled from the full
@@ -109,24 +123,28 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
-    completions = sequences[:, input_ids.shape[1]:]                  # [num_prompts * G, gen_len]
+    completions = sequences[:, input_ids.shape[1]:]                  # [P * G, completion_len]
     token_logp, token_entropy = recorder.finish(completions)
     # Engineering: everything below is per-rollout bookkeeping on small tensors: one copy to the
     # CPU now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
     completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
 
-    # Length = up to and including the first EOS, else all gen_len tokens (cut at max_new_tokens).
-    is_eos = torch.isin(completions, torch.tensor(eos_ids))
-    gen_len = completions.shape[1]
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], gen_len, dtype=torch.long))
-    lengths = torch.clamp(first_eos + 1, max=gen_len)
-    mask = torch.arange(gen_len)[None, :] < lengths[:, None]
+    # Length = up to and including the first EOS, else all completion_len tokens (cut at max_new_tokens).
+    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, completion_len]
+    completion_len = completions.shape[1]
+    ended = eos_cells.any(1)
+    first_eos = torch.where(ended, eos_cells.int().argmax(1), torch.full_like(ended, completion_len, dtype=torch.long))
+    lengths = torch.clamp(first_eos + 1, max=completion_len)
+    mask = torch.arange(completion_len)[None, :] < lengths[:, None]
     kept = lengths.tolist()                                          # tokens kept of each completion
 
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
     texts = [tokenizer.decode(row[:k], skip_special_tokens=True) for row, k in zip(completions.tolist(), kept)]
     rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    if not advantages.any():
+        warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, so tis and ppo "
+                      "get no gradient from it" + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
 
     # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
     completion_ids = completions[mask].split(kept)
@@ -141,8 +159,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         "reward": rewards.mean().item(),
         "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
         "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),
-        "completion_len": lengths.float().mean().item(),
-        "truncated_frac": (~is_eos.any(1)).float().mean().item(),
+        "completion_len": lengths.float().mean().item(),      # the mean length (metrics.jsonl's key)
+        "truncated_frac": (~ended).float().mean().item(),      # cut at max_new_tokens (not the IS cap)
         "new_tokens": int(lengths.sum()),
         "completions": texts,
     }

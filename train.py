@@ -78,8 +78,8 @@ class Config:
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most S): each "
                                  "used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
     # loss and optimizer
-    loss: str = opt("tis", "tis: truncated importance-weighted PG; ppo: clipped objective; asymre: "
-                           "(r - (V - tau)) * log pi, no ratio", choices=LOSS_TYPES)
+    loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated IS-weighted "
+                           "PG; ppo: clipped objective; asymre: (r - (V - tau)) log pi", choices=LOSS_TYPES)
     asymre_tau: float = opt(0.1, "tau of the asymre loss (V - tau is the baseline)")
     is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
     epsilon: float = opt(0.2, "clip range of the ppo loss")
@@ -380,7 +380,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
-                          skip_zero_advantage=cfg.skip_zero_advantage)
+                          skip_zero_advantage=cfg.skip_zero_advantage, loss_type=cfg.loss, beta=cfg.beta)
     state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cli.next_eval_tokens(cfg, 0), world_size=world)
     reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out, state)

@@ -148,7 +148,7 @@ def main(argv=None) -> dict:
 
     def rollout():
         torch.manual_seed(args.seed)
-        return generate_rollouts(model, tokenizer, prompts, task.reward, **sampling)
+        return generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=0, **sampling)
 
     def bare_generate():
         torch.manual_seed(args.seed)
@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
 
     def fast_rollout():
         torch.manual_seed(args.seed)
-        return generate_rollouts(model, tokenizer, prompts, task.reward, fast=fast, **sampling)
+        return generate_rollouts(model, tokenizer, prompts, task.reward, fast=fast, policy_version=0, **sampling)
 
     fast_first_s, (fast_rollouts, _) = timed(fast_rollout)         # compiles (on CUDA): minutes at worst
     fast_same = statistics.mean(float(torch.equal(a.completion_ids, b.completion_ids))
@@ -183,7 +183,7 @@ def main(argv=None) -> dict:
     buffer.add(rollouts)
     while len(buffer) < args.batch_size:        # more rounds until the buffer can give a batch
         buffer.add(generate_rollouts(model, tokenizer, rng.sample(task.train_prompts, args.prompts), task.reward,
-                                     **sampling)[0])
+                                     policy_version=0, **sampling)[0])
     model.train()
     batch = buffer.sample(args.batch_size)
     cols = collate(batch, pad_id, device=device)

@@ -162,7 +162,7 @@ def smollm2_rollouts(seed: int = 0):
     prompts = random.Random(seed).sample(task.train_prompts, w["prompts"])
     rollouts, _ = rollout.generate_rollouts(
         model, tokenizer, prompts, task.reward, num_generations=w["generations"],
-        max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature)
+        max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature, policy_version=0)
     model.train()
     return model, tokenizer, rollouts, cfg
 

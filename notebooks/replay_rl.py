@@ -90,7 +90,7 @@ from rollout import generate_rollouts
 
 P, G = (4, 4) if SMALL else (16, 8)          # prompts per round, completions per prompt
 R = P * G                                    # new rollouts per round
-N = B = 2 * R                                # buffer and batch: each rollout used y = B/R = 2 times
+N = B = 2 * R                                # buffer and batch: each rollout used y = K*B/R = 2 times (K = 1)
 C = 2.0                                      # the cap of the importance weight
 rng = random.Random(0)
 step = 0                                     # optimizer steps so far: the policy version

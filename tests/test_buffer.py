@@ -73,7 +73,9 @@ def test_max_age_drops_stale_rollouts():
 
 def test_state_dict_round_trip_restores_items_and_sampling():
     buf = ReplayBuffer(capacity=5, seed=3)
-    buf.add([make(i, version=i, prompt_len=1 + i % 3, completion_len=1 + i % 4) for i in range(7)])
+    made = [make(i, version=i, prompt_len=1 + i % 3, completion_len=1 + i % 4) for i in range(7)]
+    buf.add(made[:4])
+    buf.add(made[4:])
     buf.sample(3)
     state = buf.state_dict()
     assert all(isinstance(v, torch.Tensor) for v in state.values())
@@ -138,7 +140,7 @@ def test_sample_with_remove_uses_each_rollout_once():
 
 
 def test_skip_zero_advantage_stores_only_informative_rollouts():
-    buf = ReplayBuffer(capacity=10, skip_zero_advantage=True)
+    buf = ReplayBuffer(capacity=10, skip_zero_advantage=True, loss_type="tis")
     rollouts = [make(i) for i in range(4)]
     rollouts[2].advantage = 0.0
     buf.add(rollouts)
@@ -178,3 +180,17 @@ def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
     buf.sample(1, remove=True)
     assert sum(buf.left_by_uses) == 14 - len(buf) == 14 and len(buf) == 0
     assert buf.left_by_uses == [13 - len(used), len(used) + 1]
+
+
+def test_the_buffer_refuses_what_it_cannot_honour():
+    """Called bare: more new rollouts at once than it holds (the first would leave unused), and the
+    zero-advantage filter without a loss for which it is right (tis or ppo, beta 0)."""
+    buf = ReplayBuffer(capacity=3)
+    with pytest.raises(ValueError, match="4 rollouts added to a buffer of 3: the first 1 would be evicted"):
+        buf.add([make(i) for i in range(4)])
+    assert len(buf) == 0
+    assert buf.add([make(i) for i in range(4)], limit=3) == 3          # what it stores fits
+    for kw in (dict(), dict(loss_type="asymre"), dict(loss_type="tis", beta=0.1)):
+        with pytest.raises(ValueError, match="the filter is only for tis or ppo without KL"):
+            ReplayBuffer(capacity=3, skip_zero_advantage=True, **kw)
+    assert ReplayBuffer(capacity=3, skip_zero_advantage=True, loss_type="ppo").skip_zero_advantage

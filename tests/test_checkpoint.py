@@ -297,7 +297,7 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     import tasks
     model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
     task = tasks.addition_task(2)
-    rollouts, _ = generate_rollouts(model, tok, ["1+2=", "3+4="], task.reward, num_generations=4, max_new_tokens=4)
+    rollouts, _ = generate_rollouts(model, tok, ["1+2=", "3+4="], task.reward, num_generations=4, max_new_tokens=4, policy_version=0)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))

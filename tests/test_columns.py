@@ -98,7 +98,7 @@ def test_the_shipped_start_writes_well_formed_work_and_most_groups_are_mixed(col
     assert well_formed == 1.0 and dropped / len(texts) >= 0.95        # greedy: every carry dropped
     torch.manual_seed(0)
     _, stats = generate_rollouts(model, tokenizer, columns.train_prompts[:48], columns.reward, num_generations=8,
-                                 max_new_tokens=columns.max_new_tokens)
+                                 max_new_tokens=columns.max_new_tokens, policy_version=0)
     assert stats["zero_adv_frac"] < 0.5 and 0.2 < stats["reward"] < 0.5
     assert 34 <= stats["completion_len"] <= 40
 

@@ -44,7 +44,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
     model, tok = policy()
     torch.manual_seed(1)
     prompts = ["1+2=", "45+67=", "9+99=", "80+0=", "12+34=", "5+5="]
-    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5)
+    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5, policy_version=0)
     for i, r in enumerate(rollouts):          # stale behaviour log-probs and varied advantages: ratios != 1
         r.behaviour_logp = r.behaviour_logp - 0.1 * (i % 3)
         r.advantage = float(i % 5) - 2.0

@@ -80,7 +80,7 @@ def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
         if "lora_B" in name:
             p.data.normal_(0, 0.2)
     prompts = ["1+2=", "45+67=", "9+99=", "80+0=", "12+34=", "5+5="]
-    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5)
+    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5, policy_version=0)
     assert len({len(r.completion_ids) for r in rollouts}) > 1          # unequal lengths: the weighting matters
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     figures = {}

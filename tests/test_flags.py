@@ -200,7 +200,7 @@ MINIMAL = {
     "eval_every": (lambda w: 10, lambda w: len(w.evaluated) == 11),                # rounds 0, 10, ..., 100
     "eval_prompts": (lambda w: 7, lambda w: set(w.evaluated) == {7}),
     "seed": (lambda w: 5, lambda w: w.seeded == 5 and w.generated[0] == random.Random(5).sample(
-        tasks.addition_task(2).train_prompts, minimal.PROMPTS)),
+        tasks.addition_task(2).train_prompts, minimal.P)),
     "log": (lambda w: w.lines.append, lambda w: w.lines[0] == "round 0: held-out accuracy 0.250"),
 }
 

@@ -19,7 +19,7 @@ def policy_and_rollouts(addition, dtype="float16"):
             p.data.normal_(0, 0.05)
     torch.manual_seed(1)
     prompts = ["1+2=", "45+67=", "9+99=", "80+0="]
-    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5)
+    rollouts, _ = generate_rollouts(model, tok, prompts, addition.reward, num_generations=4, max_new_tokens=5, policy_version=0)
     for i, r in enumerate(rollouts):              # varied advantages, stale log-probs: every term matters
         r.advantage = float(i % 5) - 2.0
         r.behaviour_logp = r.behaviour_logp - 0.1 * (i % 3)

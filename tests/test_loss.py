@@ -159,7 +159,7 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     torch.manual_seed(0)
     model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
     rollouts, _ = generate_rollouts(model, tok, ["1+2=", "45+67=", "9+99="], addition.reward, num_generations=4,
-                                    max_new_tokens=5)
+                                    max_new_tokens=5, policy_version=0)
     for i, r in enumerate(rollouts):    # each group's rewards [1, 0, 0, 1]: V = 0.5, so r - (V - 0.1) = 0.6 / -0.4
         r.reward, r.baseline, r.advantage = float(i % 4 in (0, 3)), 0.5, 100.0
     batch = collate(rollouts, tok.pad_token_id)
@@ -197,3 +197,43 @@ def test_readme_gives_policy_loss_line_range():
     names = {n.id for fn in [loss, *(functions[h] for h in helpers)] for n in ast.walk(fn) if isinstance(n, ast.Name)}
     assert names & {n.targets[0].id for n in ast.parse(source).body if isinstance(n, ast.Assign)} == {
         "LOSS_TYPES", "NORMALIZATIONS"}
+
+
+def test_policy_loss_brings_its_own_guards():
+    """Called bare, as a reader who copies it would: a cap below 1, a clip range outside (0, 1), a
+    negative beta, and a KL term without reference log-probs are refused, the values named."""
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]]
+    for kw, name in [(dict(is_cap=0.5), "is_cap 0.5"), (dict(epsilon=0.0), "epsilon 0.0"),
+                     (dict(epsilon=-0.2, loss_type="ppo"), "epsilon -0.2"), (dict(beta=-1.0), "beta -1.0"),
+                     (dict(beta=0.1), "needs ref_logp")]:
+        with pytest.raises(ValueError, match=name):
+            run(lp, lp, **kw)
+    assert run(lp, lp, is_cap=1.0)[0] == pytest.approx(0.3)         # the edge itself is allowed
+
+
+def test_a_nan_at_a_padded_position_does_not_reach_the_loss():
+    """Masks select, not multiply: NaN * 0 is NaN, so a NaN log-prob where the mask is 0 (padding)
+    would poison the loss, its gradient and the metrics."""
+    lp = [[-0.5, -1.0, -2.0], [-0.3, -0.7, float("nan")]]            # MASK is 0 at [1, 2]
+    for normalization in ("token_mean", "sequence_mean"):
+        loss, grad, m = run(lp, [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]], normalization=normalization)
+        assert math.isfinite(loss) and torch.isfinite(grad).all(), normalization
+        assert all(math.isfinite(float(v)) for v in m.values()), normalization
+    loss, _, _ = run(lp, [[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]])
+    assert loss == pytest.approx(0.3)                                  # the value without the NaN
+
+
+def test_the_temperature_check_cannot_be_skipped():
+    """completion_logp and its chunked twin refuse a batch that does not say its sampling
+    temperature (one not from collate), and a temperature at which sampling is greedy in effect;
+    no model is called before the refusal."""
+    from replay_rl import chunked_completion_logp, completion_logp
+    no_model = lambda *a, **k: pytest.fail("the model was called")
+    cols = {"input_ids": torch.zeros(1, 3, dtype=torch.long), "completion_mask": torch.ones(1, 2)}
+    for fn in (completion_logp, chunked_completion_logp):
+        with pytest.raises(ValueError, match="no 'temperature'"):
+            fn(no_model, cols, 1.0)
+        with pytest.raises(ValueError, match="0.001 < 0.01"):
+            fn(no_model, {**cols, "temperature": 0.001}, 0.001)
+        with pytest.raises(ValueError, match="sampled at temperature 0.7 but log pi_theta is taken at 1"):
+            fn(no_model, {**cols, "temperature": 0.7}, 1.0)

@@ -16,7 +16,7 @@ def stale_batch(tiny_path, addition):
     torch.manual_seed(0)
     model, tokenizer = load_policy(tiny_path, lora_r=16)
     rollouts, _ = generate_rollouts(model, tokenizer, addition.train_prompts[:8], addition.reward,
-                                    num_generations=8, max_new_tokens=addition.max_new_tokens)
+                                    num_generations=8, max_new_tokens=addition.max_new_tokens, policy_version=0)
     g = torch.Generator().manual_seed(1)
     for r in rollouts[::2]:
         r.behaviour_logp = r.behaviour_logp - torch.rand(len(r.behaviour_logp), generator=g)
@@ -30,7 +30,8 @@ def both_steps(model, tokenizer, rollouts, max_grad_norm):
     difference of the trained weights after the two steps, the largest move of one step)."""
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
-    mine = minimal.update(ours, sgd(ours), rollouts, tokenizer.pad_token_id, max_grad_norm=max_grad_norm)
+    mine = minimal.update(ours, sgd(ours), rollouts, tokenizer.pad_token_id, temperature=1.0, is_cap=2.0,
+                          max_grad_norm=max_grad_norm)
     real = update_step_engineered(theirs, sgd(theirs), rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
                                   max_grad_norm=max_grad_norm)
     trained = [(a, b, c) for a, b, c in zip(ours.parameters(), theirs.parameters(), model.parameters())
@@ -102,10 +103,10 @@ def test_a_batch_larger_than_the_buffer_is_refused_before_any_model(monkeypatch)
 
 def test_a_round_larger_than_the_buffer_is_refused_before_any_model(monkeypatch):
     """With R > N part of each round is evicted before it is ever sampled: generated for nothing."""
-    monkeypatch.setattr(minimal, "N", minimal.PROMPTS * minimal.G - 1)
+    monkeypatch.setattr(minimal, "N", minimal.P * minimal.G - 1)
     monkeypatch.setattr(minimal, "B", minimal.N)
     monkeypatch.setattr(minimal, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(ValueError, match=f"R = {minimal.PROMPTS * minimal.G} > N = {minimal.N}: the oldest"):
+    with pytest.raises(ValueError, match=f"R = {minimal.P * minimal.G} > N = {minimal.N}: the oldest"):
         minimal.main(rounds=1)
 
 
@@ -140,17 +141,18 @@ def test_the_plain_update_is_the_engineered_one_in_micro_batches(stale_batch, lo
 
 
 def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_batch, monkeypatch):
-    """mu was recorded at TEMPERATURE: the update's log pi_theta must be taken at it too, or rho != 1
-    on fresh rollouts."""
+    """mu was recorded at TEMPERATURE: main passes it to the update, whose log pi_theta is taken at
+    it, or rho != 1 on fresh rollouts; update reads no global of its own."""
     model, tokenizer, rollouts = stale_batch
     seen = []
     real = minimal.completion_logp
     monkeypatch.setattr(minimal, "completion_logp", lambda m, cols, *a: seen.append(a) or real(m, cols, *a))
-    monkeypatch.setattr(minimal, "TEMPERATURE", 0.7)
+    monkeypatch.setattr(minimal, "TEMPERATURE", 5.0)        # not read by update: its argument is
     at_07 = [dataclasses.replace(rollout, temperature=0.7) for rollout in rollouts]
     frozen = lambda: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
-    minimal.update(copy.deepcopy(model), frozen(), at_07, tokenizer.pad_token_id)
+    minimal.update(copy.deepcopy(model), frozen(), at_07, tokenizer.pad_token_id, temperature=0.7, is_cap=2.0)
     assert seen == [(0.7,)]
     # rollouts sampled at another temperature (generation's changed, the loss's not): one line
     with pytest.raises(ValueError, match="sampled at temperature 1 but log pi_theta is taken at 0.7"):
-        minimal.update(copy.deepcopy(model), frozen(), rollouts, tokenizer.pad_token_id)
+        minimal.update(copy.deepcopy(model), frozen(), rollouts, tokenizer.pad_token_id, temperature=0.7,
+                       is_cap=2.0)

@@ -128,7 +128,7 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
     model.eval()
     counter = itertools.count()
     rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, lambda p, c: float(next(counter) % 3),
-                                    num_generations=4, max_new_tokens=6)
+                                    num_generations=4, max_new_tokens=6, policy_version=0)
     grads = lora_grads(model, rollouts, tokenizer.pad_token_id)
     assert len(grads) == 28                                                         # A and B of each
     for name, g in grads.items():
@@ -204,7 +204,7 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
         if rollouts is None:
             model.eval()
             rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, lambda p, c: float(next(counter) % 3),
-                                            num_generations=4, max_new_tokens=6)
+                                            num_generations=4, max_new_tokens=6, policy_version=0)
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
         update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0, micro_batch_size=4)

@@ -35,7 +35,7 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
     prompts = ["1+2=", "45+67=", "9+99=", "80+0="]          # different lengths: left padding in play
     torch.manual_seed(1)
     rollouts, stats = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
-                                        max_new_tokens=5, temperature=temperature)
+                                        max_new_tokens=5, temperature=temperature, policy_version=0)
     batch = collate(rollouts, tokenizer.pad_token_id)
     with torch.no_grad():
         logp, entropy = completion_logp(model, batch, temperature)
@@ -44,9 +44,9 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
     assert ((logp - batch["behaviour_logp"]).abs() * mask).max() < 1e-5
     assert stats["rollout_entropy"] == pytest.approx(((entropy * mask).sum() / mask.sum()).item(), abs=1e-5)
     # a different temperature is a different distribution: the check above can fail ...
-    unmarked = {k: v for k, v in batch.items() if k != "temperature"}
+    relabelled = {**batch, "temperature": temperature * 2}       # past the check, on purpose
     with torch.no_grad():
-        other, _ = completion_logp(model, unmarked, temperature * 2)
+        other, _ = completion_logp(model, relabelled, temperature * 2)
     assert ((other - batch["behaviour_logp"]).abs() * mask).max() > 1e-2
     # ... so rollouts that record their T refuse a loss at another one, in one line
     assert batch["temperature"] == temperature
@@ -62,7 +62,7 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     torch.manual_seed(2)
     # answers of 2 and 1 digits: completions of different lengths even when every answer is right
     rollouts, stats = generate_rollouts(model, tokenizer, ["12+34=", "1+2="] * 8, addition.reward,
-                                        num_generations=4, max_new_tokens=4, temperature=1.5)
+                                        num_generations=4, max_new_tokens=4, temperature=1.5, policy_version=0)
     lengths = [len(r.completion_ids) for r in rollouts]
     ended = [r for r in rollouts if r.completion_ids[-1] == eos]
     assert ended and len(set(lengths)) > 1                     # some finished early: padding happened
@@ -101,7 +101,7 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
     assert model.generation_config.repetition_penalty in (None, 1.0) and model.generation_config.eos_token_id == [1, 13]
     torch.manual_seed(3)
     rollouts, _ = generate_rollouts(model, tokenizer, ["11+11=", "22+33="] * 4, addition.reward,
-                                    num_generations=4, max_new_tokens=5)
+                                    num_generations=4, max_new_tokens=5, policy_version=0)
     batch = collate(rollouts, tokenizer.pad_token_id)
     with torch.no_grad():
         logp, _ = completion_logp(model, batch)
@@ -134,7 +134,7 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
         for f in (None, fast):
             torch.manual_seed(10 + round_)
             pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
-                                          max_new_tokens=5, temperature=1.5, fast=f)[0])
+                                          max_new_tokens=5, temperature=1.5, fast=f, policy_version=0)[0])
         caches.append(fast.caches[len(batch) * 4])
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
@@ -162,3 +162,21 @@ def test_behaviour_logprobs_by_hand_and_an_extra_step_dropped():
             rec(torch.cat([prompt, tokens[:t].T], 1), scores[t])
         logp, entropy = rec.finish(tokens.T)
         assert torch.allclose(logp, expected) and entropy.shape == (2, 3)
+        with pytest.raises(RuntimeError, match="make a new one for each generate call"):
+            rec(torch.cat([prompt, tokens.T], 1), scores[0])           # single use, said so
+
+
+def test_a_round_of_equal_rewards_says_so_once(policy, addition):
+    """G = 1 gives every rollout A = 0 (no group to compare with): generate_rollouts, called bare,
+    warns once, however many such rounds follow."""
+    import warnings
+    model, tokenizer = policy
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            rollouts, _ = generate_rollouts(model, tokenizer, ["1+2=", "3+4="], addition.reward,
+                                            num_generations=1, max_new_tokens=4, policy_version=0)
+            assert all(rollout.advantage == 0 for rollout in rollouts)
+    said = [str(w.message) for w in caught if "equal rewards" in str(w.message)]
+    assert said == ["every group of this round had equal rewards (G = 1): A = 0 for all, so tis and ppo "
+                    "get no gradient from it (with G = 1, never)"]

@@ -98,7 +98,7 @@ def test_lora_wraps_the_llama_projections_and_an_update_moves_only_the_adapter(s
     torch.manual_seed(2)
     rewards = iter([1.0, 0.0, 0.0, 1.0] * 4)
     rollouts, _ = generate_rollouts(model, tokenizer, [chat(tokenizer, q) for q in QUESTIONS[:2]],
-                                    lambda p, c: next(rewards), num_generations=4, max_new_tokens=8)
+                                    lambda p, c: next(rewards), num_generations=4, max_new_tokens=8, policy_version=0)
     model.train()
     optimizer = torch.optim.AdamW(list(lora.values()), lr=1e-3, weight_decay=0.0)
     update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
