@@ -78,9 +78,10 @@ class ReplayBuffer:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
         if skip_zero_advantage and (loss_type not in ("tis", "ppo") or beta > 0):
-            raise ValueError(f"skip_zero_advantage with loss_type {loss_type!r}, beta {beta}: the filter "
-                             "is only for tis or ppo without KL (beta 0), which get no gradient from a "
-                             "rollout of A = 0; asymre (coefficient tau) and the KL term do")
+            raise ValueError(f"skip_zero_advantage with loss_type {loss_type!r}, beta {beta}: "
+                             "the filter is only for tis or ppo without KL (beta 0), which get no "
+                             "gradient from a rollout of A = 0; asymre (coefficient tau) and the "
+                             "KL term do")
         if not 0 <= keep_correct_frac < 1:
             raise ValueError(f"keep_correct_frac must be in [0, 1), got {keep_correct_frac}")
         self.capacity = capacity
@@ -89,21 +90,24 @@ class ReplayBuffer:
         self.skip_zero_advantage = skip_zero_advantage
         self.items: list[Rollout] = []              # oldest first
         self.generator = torch.Generator().manual_seed(seed)
-        self.left_by_uses: list[int] = []           # rollouts gone, by uses: [unused, once, twice, ...]
+        # rollouts gone, by uses: [unused, once, twice, ...]
+        self.left_by_uses: list[int] = []
 
     def __len__(self) -> int:
         return len(self.items)
 
     def add(self, rollouts: list[Rollout], limit: int | None = None) -> int:
         """Append rollouts (oldest first); once over capacity, evict (FIFO, or positive-bias).
-        limit: store at most this many (the first, after the filter). Returns how many were stored."""
+        limit: store at most this many (the first, after the filter). Returns how many were
+        stored."""
         if self.skip_zero_advantage:        # a variant: store none of zero advantage
             rollouts = [rollout for rollout in rollouts if rollout.advantage != 0]
         if limit is not None:
             rollouts = rollouts[:max(limit, 0)]
         if len(rollouts) > self.capacity:
-            raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.capacity}: the first "
-                             f"{len(rollouts) - self.capacity} would be evicted before any batch used them")
+            raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.capacity}: "
+                             f"the first {len(rollouts) - self.capacity} would be evicted before "
+                             "any batch used them")
         self.items = self.items + rollouts
         if len(self.items) > self.capacity:
             self.evict(len(rollouts))
@@ -111,9 +115,12 @@ class ReplayBuffer:
 
     def evict(self, n_new: int) -> None:
         """Down to capacity: the freshest N (FIFO), or with keep_correct_frac the freshest
-        (1 - delta) * N, never fewer than the n_new just added, plus the freshest correct older ones."""
-        # the freshest (1 - delta) * N (plain FIFO: delta = 0, all N), never fewer than the rollouts just added
-        n_fresh = min(self.capacity, max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
+        (1 - delta) * N, never fewer than the n_new just added, plus the freshest correct older
+        ones."""
+        # the freshest (1 - delta) * N (plain FIFO: delta = 0, all N), never fewer than the
+        # rollouts just added
+        n_fresh = min(self.capacity,
+                      max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
         slots = self.capacity - n_fresh
         if slots == 0:
@@ -122,19 +129,23 @@ class ReplayBuffer:
             return
         # the older rollouts to keep: correct ones first, then the rest, each freshest first
         newest_first = list(range(len(older) - 1, -1, -1))
-        ranked = [i for i in newest_first if older[i].reward > 0] + [i for i in newest_first if older[i].reward <= 0]
+        ranked = ([i for i in newest_first if older[i].reward > 0]
+                  + [i for i in newest_first if older[i].reward <= 0])
         kept = sorted(ranked[:slots])
         self.count_leaving([older[i] for i in ranked[slots:]])
         self.items = [older[i] for i in kept] + fresh
 
     def drop_stale(self, policy_version: int) -> int:
-        """A variant: evict rollouts older than max_age optimizer steps. Returns how many were dropped.
+        """A variant: evict rollouts older than max_age optimizer steps. Returns how many were
+        dropped.
 
         The only place max_age acts: call it with the current policy version before ``sample``."""
         if self.max_age is None:
             return 0
-        stale = [rollout for rollout in self.items if policy_version - rollout.policy_version > self.max_age]
-        self.items = [rollout for rollout in self.items if policy_version - rollout.policy_version <= self.max_age]
+        stale = [rollout for rollout in self.items
+                 if policy_version - rollout.policy_version > self.max_age]
+        self.items = [rollout for rollout in self.items
+                      if policy_version - rollout.policy_version <= self.max_age]
         self.count_leaving(stale)
         return len(stale)
 
@@ -149,7 +160,8 @@ class ReplayBuffer:
         """B distinct rollouts, uniformly at random; their use counts go up. They stay in the
         buffer for later batches (replay), unless ``remove``: then each rollout is used once."""
         if batch_size > len(self.items):
-            raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of {len(self.items)}")
+            raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of "
+                             f"{len(self.items)}")
         idx = torch.randperm(len(self.items), generator=self.generator)[:batch_size].tolist()
         sampled = [self.items[i] for i in idx]
         for rollout in sampled:
@@ -166,16 +178,21 @@ class ReplayBuffer:
         cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
         return {
             "prompt_ids": cat([rollout.prompt_ids for rollout in items], torch.long),
-            "prompt_lens": torch.tensor([len(rollout.prompt_ids) for rollout in items], dtype=torch.long),
+            "prompt_lens": torch.tensor([len(rollout.prompt_ids) for rollout in items],
+                                        dtype=torch.long),
             "completion_ids": cat([rollout.completion_ids for rollout in items], torch.long),
             "behaviour_logp": cat([rollout.behaviour_logp for rollout in items], torch.float32),
-            "completion_lens": torch.tensor([len(rollout.completion_ids) for rollout in items], dtype=torch.long),
+            "completion_lens": torch.tensor([len(rollout.completion_ids) for rollout in items],
+                                            dtype=torch.long),
             "reward": torch.tensor([rollout.reward for rollout in items], dtype=torch.float64),
-            "advantage": torch.tensor([rollout.advantage for rollout in items], dtype=torch.float64),
-            "policy_version": torch.tensor([rollout.policy_version for rollout in items], dtype=torch.long),
+            "advantage": torch.tensor([rollout.advantage for rollout in items],
+                                      dtype=torch.float64),
+            "policy_version": torch.tensor([rollout.policy_version for rollout in items],
+                                           dtype=torch.long),
             "baseline": torch.tensor([rollout.baseline for rollout in items], dtype=torch.float64),
             "uses": torch.tensor([rollout.uses for rollout in items], dtype=torch.long),
-            "temperature": torch.tensor([rollout.temperature for rollout in items], dtype=torch.float64),
+            "temperature": torch.tensor([rollout.temperature for rollout in items],
+                                        dtype=torch.float64),
             "generator_state": self.generator.get_state(),
             "left_by_uses": torch.tensor(self.left_by_uses, dtype=torch.long),
         }
@@ -186,9 +203,11 @@ class ReplayBuffer:
         prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
         completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
         logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
-        temperature = state.get("temperature", torch.full((len(prompts),), temperature, dtype=torch.float64))
+        temperature = state.get("temperature",
+                                torch.full((len(prompts),), temperature, dtype=torch.float64))
         self.items = [Rollout(p.clone(), c.clone(), lp.clone(), reward=state["reward"][i].item(),
-                              advantage=state["advantage"][i].item(), policy_version=int(state["policy_version"][i]),
+                              advantage=state["advantage"][i].item(),
+                              policy_version=int(state["policy_version"][i]),
                               baseline=state["baseline"][i].item(), uses=int(state["uses"][i]),
                               temperature=temperature[i].item())
                       for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
@@ -205,7 +224,8 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     same column (prompt_len = the longest prompt):   [pad pad p p p | c c c EOS pad]
     Returns, with batch = len(rollouts) and completion_len = the longest completion:
       input_ids, attention_mask, position_ids: [batch, prompt_len + completion_len]
-      completion_mask:  [batch, completion_len]  1 on real completion tokens (EOS included), 0 on padding
+      completion_mask:  [batch, completion_len]  1 on real completion tokens (EOS included), 0 on
+                        padding
       behaviour_logp:   [batch, completion_len]  (0 on padding)
       advantage, reward, baseline:  [batch]
       temperature:      the T they were sampled at (a float; rollouts of different T raise)
@@ -216,9 +236,32 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     """
     temperatures = {rollout.temperature for rollout in rollouts}
     if len(temperatures) > 1:
-        raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: the loss "
-                         "takes log pi_theta at one temperature, the one they were sampled at")
-    rows = len(rollouts)
+        raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: "
+                         "the loss takes log pi_theta at one temperature, the one they were "
+                         "sampled at")
+    cols = {**padded_tokens(rollouts, pad_id),
+            "advantage": torch.tensor([rollout.advantage for rollout in rollouts],
+                                      dtype=torch.float32),
+            "reward": torch.tensor([rollout.reward for rollout in rollouts], dtype=torch.float32),
+            "baseline": torch.tensor([rollout.baseline for rollout in rollouts],
+                                     dtype=torch.float32),
+            "temperature": temperatures.pop()}
+    if policy_version is not None:
+        age = torch.tensor([policy_version - rollout.policy_version for rollout in rollouts],
+                           dtype=torch.float32)
+        if (age < 0).any():
+            raise ValueError(f"policy_version {policy_version} is older than a rollout's "
+                             f"{max(rollout.policy_version for rollout in rollouts)}: "
+                             "pass the policy's optimizer steps so far")
+        cols["age"] = age
+    if device is not None:
+        cols = {k: v.to(device) if torch.is_tensor(v) else v for k, v in cols.items()}
+    return cols
+
+
+def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tensor]:
+    """collate's token tensors: input_ids, attention_mask, position_ids [batch, prompt_len +
+    completion_len], completion_mask and behaviour_logp [batch, completion_len]."""
     prompt_lens = torch.tensor([len(rollout.prompt_ids) for rollout in rollouts])
     completion_lens = torch.tensor([len(rollout.completion_ids) for rollout in rollouts])
     prompt_len, completion_len = int(prompt_lens.max()), int(completion_lens.max())
@@ -228,32 +271,14 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     column = torch.arange(prompt_len + completion_len)
     prompt_cells = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
     completion_cells = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
-    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(rollouts), prompt_len + completion_len), pad_id, dtype=torch.long)
     input_ids[prompt_cells] = torch.cat([rollout.prompt_ids for rollout in rollouts])
     input_ids[completion_cells] = torch.cat([rollout.completion_ids for rollout in rollouts])
     attention_mask = (prompt_cells | completion_cells).long()
     completion_mask = completion_cells[:, prompt_len:]
-    behaviour_logp = torch.zeros((rows, completion_len))
+    behaviour_logp = torch.zeros((len(rollouts), completion_len))
     behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cols = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "completion_mask": completion_mask.float(),
-        "behaviour_logp": behaviour_logp,
-        "advantage": torch.tensor([rollout.advantage for rollout in rollouts], dtype=torch.float32),
-        "reward": torch.tensor([rollout.reward for rollout in rollouts], dtype=torch.float32),
-        "baseline": torch.tensor([rollout.baseline for rollout in rollouts], dtype=torch.float32),
-        "temperature": temperatures.pop(),
-    }
-    if policy_version is not None:
-        age = torch.tensor([policy_version - rollout.policy_version for rollout in rollouts], dtype=torch.float32)
-        if (age < 0).any():
-            raise ValueError(f"policy_version {policy_version} is older than a rollout's "
-                             f"{max(rollout.policy_version for rollout in rollouts)}: pass the policy's "
-                             "optimizer steps so far")
-        cols["age"] = age
-    if device is not None:
-        cols = {k: v.to(device) if torch.is_tensor(v) else v for k, v in cols.items()}
-    return cols
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            # real tokens, as generate
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "completion_mask": completion_mask.float(), "behaviour_logp": behaviour_logp}

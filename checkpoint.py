@@ -23,7 +23,7 @@ import shutil
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,10 +32,45 @@ import runfolder
 
 
 @dataclass
+class LoopState:
+    """What the loop carries from round to round: its counters, and all that a checkpoint needs
+    besides the weights, the optimizer, the buffer and the RNG streams (state.json: as a dict)."""
+    step: int = 0                   # optimizer steps taken, skipped ones too: the policy_version of new rollouts
+    round: int = 0                  # rounds generated
+    gen_tokens: int = 0             # completion tokens generated (all processes)
+    gen_seconds: float = 0.0        # time spent generating
+    train_seconds: float = 0.0      # time spent in optimizer steps
+    gen_cpu_seconds: float = 0.0    # CPU time of this process generating (runs side by side share
+    train_cpu_seconds: float = 0.0  # the cores: their wall times stretch, their CPU times less so)
+    skipped_steps: int = 0          # steps skipped for a NaN/inf loss or gradient
+    skipped_in_a_row: int = 0       # the latest run of them (--max-skipped-steps ends the run)
+    reward_errors: int = 0          # rewards that raised, scored 0 (--on-reward-error zero)
+    eval_reward_errors: int = 0     # the same during evals
+    pending_updates: int = 0        # updates the current round has still to take
+    round_end_due: bool = False     # its end (eval, checkpoint) too: a stop cut its eval short
+    round_batch_size: int = 0       # B of the current round's updates (--resume may change B)
+    lapsed_updates: int = 0         # updates dropped: too few rollouts unused or young enough
+    rollouts_generated: int = 0     # rollouts sampled (all processes)
+    rollouts_stored: int = 0        # of them stored in the buffer (the filter, S's cap: fewer)
+    rollouts_trained: int = 0       # rollouts in all batches (more than stored: replay)
+    left_by_uses: list = field(default_factory=list)    # gone from the buffer by uses: [unused, once, ...]
+    age_sum: float = 0.0            # the ages (steps) of the rollouts trained on, summed
+    age_max: int = 0                # and the oldest
+    round_stats: dict = field(default_factory=dict)     # the round's figures, logged each step
+    first_accuracy: float | None = None                 # eval accuracy at step 0
+    last_accuracy: float | None = None                  # at the latest eval
+    last_eval_round: int = -1       # round of the latest eval
+    next_eval_tokens: int = 0       # --eval-every-tokens: the next eval once gen_tokens is here
+    idle_rounds: int = 0            # rounds without an update (the buffer held fewer than B)
+    metrics_bytes: int = 0          # length of metrics.jsonl: a resume cuts later lines off
+    world_size: int = 1             # processes, each with its own buffer shard
+
+
+@dataclass
 class Checkpoint:
     """A checkpoint as read back: each of its files read once, what this rank needs to continue."""
     path: str
-    state: dict                         # the loop state (train.LoopState's fields)
+    state: dict                         # the loop state (LoopState's fields)
     python_rng: list                    # the prompt stream: random.Random.getstate() as JSON
     config: dict                        # the run's Config
     adapter: dict[str, torch.Tensor]    # the LoRA weights

@@ -24,9 +24,11 @@ from replay_rl import completion_logp, load_policy, policy_loss
 from rollout import generate_rollouts, greedy_accuracy
 
 P, G = 16, 8                # prompts per round x completions per prompt: R = 128 new rollouts
-N, B = 256, 256             # buffer capacity, rollouts per optimizer step: each used K*B/R = 2 times
+# buffer capacity, rollouts per optimizer step: each used K*B/R = 2 times
+N, B = 256, 256
 LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
-TEMPERATURE = 1.0           # of sampling, and of the loss's log pi_theta: mu and pi_theta must share it
+# of sampling, and of the loss's log pi_theta: mu and pi_theta must share it
+TEMPERATURE = 1.0
 ROUNDS, EVAL_EVERY = 100, 25
 
 
@@ -36,7 +38,8 @@ def update(model, optimizer, rollouts, pad_id: int, *, temperature: float, is_ca
     and metrics. temperature: the T the rollouts were sampled at; is_cap: C."""
     device = next(model.parameters()).device
     cols = collate(rollouts, pad_id, device=device)     # padded: tokens, masks, logp, advantages
-    logp, _ = completion_logp(model, cols, temperature)     # log pi_theta(o_t), [batch, completion_len]
+    # log pi_theta(o_t), [batch, completion_len]
+    logp, _ = completion_logp(model, cols, temperature)
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=is_cap)
     optimizer.zero_grad()
@@ -53,15 +56,16 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     """Train the demo model; returns the held-out greedy accuracy at round 0, every eval_every
     rounds and at the end."""
     if B > N:
-        raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would train")
+        raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would "
+                         "train")
     if P * G > N:
-        raise ValueError(f"R = {P * G} > N = {N}: the oldest rollouts of each round would leave the "
-                         "buffer before any batch could use them")
+        raise ValueError(f"R = {P * G} > N = {N}: the oldest rollouts of each round would "
+                         "leave the buffer before any batch could use them")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
-    base = demo_model.tiny_model(task)        # built on first use (it draws random numbers), then cached
+    base = demo_model.tiny_model(task)  # built on first use (it draws random numbers), then cached
     torch.manual_seed(seed)             # after it: a cold cache and a warm one train alike
-    model, tokenizer = load_policy(base, lora_r=16)                     # the base model + a new LoRA
+    model, tokenizer = load_policy(base, lora_r=16)                    # the base model + a new LoRA
     # beta2 0.99 (not 0.999): the second moment follows the gradient's scale within ~100 steps, as
     # the policy and its rewards move; no weight decay: it would pull the adapter back to the base
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
@@ -83,13 +87,15 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                                             temperature=TEMPERATURE, policy_version=step)
         buffer.add(rollouts)                        # FIFO: the oldest rollouts leave first
         if len(buffer) >= B:
-            model.train()   # safe for the ratios: load_policy set dropout to 0, so it samples as it trains
+            # safe for the ratios: load_policy set dropout to 0, so it samples as it trains
+            model.train()
             metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id,
                              temperature=TEMPERATURE, is_cap=IS_CAP)
             step += 1
             if step % 10 == 0:
                 log(f"round {i}: reward {stats['reward']:.2f}, is_ratio_mean "
-                    f"{metrics['is_ratio_mean']:.4f}, weights cut at C {metrics['is_truncated_frac']:.3f}")
+                    f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
+                    f"{metrics['is_truncated_frac']:.3f}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
         not the group-normalized A; tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
-    beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them (pi_ref: the base model, adapter off).
+    beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them
+        (pi_ref: the base model, adapter off).
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
 -A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
 
@@ -34,11 +35,12 @@ from buffer import Rollout, collate
 
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
-# Below this sampling temperature mu is greedy in effect: at T = 0.01 a logit gap of 0.2 already gives
-# the sampled token a probability of 1 - 2e-9, so log mu = 0, rho = 1, and the loss and its gradient
-# vanish. completion_logp refuses it.
+# Below this sampling temperature mu is greedy in effect: at T = 0.01 a logit gap of 0.2 already
+# gives the sampled token a probability of 1 - 2e-9, so log mu = 0, rho = 1, and the loss and its
+# gradient vanish. completion_logp refuses it.
 MIN_TEMPERATURE = 0.01
-FP16_LOSS_SCALE = 2.0**10       # update_step_engineered's loss_scale for float16 base weights (static)
+# update_step_engineered's loss_scale for float16 base weights (static)
+FP16_LOSS_SCALE = 2.0**10
 # Tokens per chunk of chunked_completion_logp (train.py's --logp-chunk): with a 152k vocabulary its
 # two fp32 [chunk, vocab] tensors are 0.3 GB, and a chunk is still a large matmul for a GPU.
 LOGP_CHUNK = 256
@@ -52,17 +54,20 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """The model's tokenizer, padding on the left (prompts for generate), with EOS as the pad token
     if it has none."""
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    # Engineering: AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer), which rebuilds the
-    # pre-tokenizer: for a folder whose tokenizer.json is not Qwen's own (e.g. a character vocabulary)
-    # that silently drops spaces. Then the tokenizer.json exactly as saved is the right one.
+    # Engineering: AutoTokenizer picks the class from the model type (qwen2 -> Qwen2Tokenizer),
+    # which rebuilds the pre-tokenizer: for a folder whose tokenizer.json is not Qwen's own (e.g. a
+    # character vocabulary) that silently drops spaces. Then the tokenizer.json exactly as saved is
+    # the right one.
     probe = "12 + 3 = 15"
     if tokenizer.decode(tokenizer.encode(probe, add_special_tokens=False)) != probe:
         from transformers import PreTrainedTokenizerFast
         try:
             saved = PreTrainedTokenizerFast.from_pretrained(name_or_path)
-        except (OSError, ValueError):        # no tokenizer.json (e.g. sentencepiece only): keep AutoTokenizer's
+        except (OSError, ValueError):
+            # no tokenizer.json (e.g. sentencepiece only): keep AutoTokenizer's
             saved = None
-        if saved is not None and saved.decode(saved.encode(probe, add_special_tokens=False)) == probe:
+        if (saved is not None
+                and saved.decode(saved.encode(probe, add_special_tokens=False)) == probe):
             tokenizer = saved
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -71,8 +76,8 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 
 
 def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
-                target_modules="all-linear", load_in_4bit: bool = False,
-                device: str = "cpu", dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
+                target_modules="all-linear", load_in_4bit: bool = False, device: str = "cpu",
+                dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
                 trust_remote_code: bool = False, tokenizer=None):
     """Load a Hugging Face causal LM (hub id or local folder) and wrap it with a fresh LoRA adapter.
 
@@ -83,10 +88,36 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     double quantization, computing in ``dtype``. lora_alpha: None gives 2 * lora_r (LoRA's scale
     alpha / r = 2); train.py passes --lora-alpha, 32 whatever r (the same at its r = 16).
     gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
+    Size: 10 keywords, one per loading choice train.py's flags make.
     """
     from peft import LoraConfig, get_peft_model
 
     tokenizer = tokenizer or load_tokenizer(name_or_path, trust_remote_code)
+    model = load_base_model(name_or_path, load_in_4bit=load_in_4bit, device=device, dtype=dtype,
+                            gradient_checkpointing=gradient_checkpointing,
+                            trust_remote_code=trust_remote_code)
+    # Sampling must follow only the settings rollout.py passes: a checkpoint's shipped defaults
+    # (Qwen-Instruct: repetition_penalty, top_k, temperature) would otherwise fill in the unset
+    # fields of generate() and change the distribution behind the stored behaviour log-probs.
+    # Only the end tokens are kept.
+    model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    # Dropout would make the training forward differ from the sampling one (ratio != 1 on fresh
+    # data).
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):    # HF attention layers
+            module.attention_dropout = 0.0
+    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r if lora_alpha is None else lora_alpha,
+                      lora_dropout=0.0, target_modules=target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora), tokenizer
+
+
+def load_base_model(name_or_path: str, *, load_in_4bit: bool, device: str, dtype: torch.dtype,
+                    gradient_checkpointing: bool, trust_remote_code: bool):
+    """The causal LM that load_policy wraps: 4-bit (nf4, prepared for k-bit training) or not, on
+    ``device``, with gradient checkpointing if asked."""
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
@@ -97,37 +128,28 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     if load_in_4bit:
         from peft import prepare_model_for_kbit_training
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
-        # Engineering: bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate), after
-        # which backward silently gives no LoRA gradients; this flag keeps the plain layout.
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Engineering: bitsandbytes on CPU repacks 4-bit weights after a no-grad forward (generate),
+        # after which backward silently gives no LoRA gradients; this flag keeps the plain layout.
         for module in model.modules():
             if hasattr(module, "support_avx512bf16_for_cpu"):
                 module.support_avx512bf16_for_cpu = False
     else:
         model.to(device)
         if gradient_checkpointing:
-            # Engineering: transformers renamed the method (and its keyword); the old name is deprecated
+            # Engineering: transformers renamed the method (and its keyword); the old name is
+            # deprecated
             if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False})
             else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.enable_input_require_grads()      # so checkpointed blocks see a tensor that needs grad
-    # Sampling must follow only the settings rollout.py passes: a checkpoint's shipped defaults
-    # (Qwen-Instruct: repetition_penalty, top_k, temperature) would otherwise fill in the unset
-    # fields of generate() and change the distribution behind the stored behaviour log-probs.
-    # Only the end tokens are kept.
-    model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    # Dropout would make the training forward differ from the sampling one (ratio != 1 on fresh data).
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):    # HF attention layers
-            module.attention_dropout = 0.0
-    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r if lora_alpha is None else lora_alpha, lora_dropout=0.0,
-                      target_modules=target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, lora), tokenizer
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False})
+            # so checkpointed blocks see a tensor that needs grad
+            model.enable_input_require_grads()
+    return model
 
 
 def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
@@ -138,7 +160,8 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     (columns prompt_len .. prompt_len + completion_len - 1) are scored by the logits one column
     to their left; only those completion_len columns are materialized. The logits are divided by
     the sampling temperature T, as they were when mu sampled (rollouts that record another T raise).
-    Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no gradient).
+    Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no
+    gradient).
     """
     check_temperature(cols, temperature)
     completion_len = cols["completion_mask"].shape[1]
@@ -147,15 +170,15 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=completion_len)
     # z: the logits (the README's z_t); u = z / T over the vocabulary v; Z = sum_v exp(u_v), the
-    # normalizer (a sum, not the logits); p_v = exp(u_v) / Z, so log pi_theta(o_t) = u_{o_t} - log Z.
+    # normalizer (a sum, not the logits); p_v = exp(u_v) / Z, so
+    # log pi_theta(o_t) = u_{o_t} - log Z.
     # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
-    # small matmul (on a GPU, with a 152k vocabulary, each was ~2% of a training step): no division
-    # when T = 1, and the entropy's sum_v p_v u_v as a batched dot product (einsum), without a
-    # [batch, completion_len, vocab] product in between.
-    z = out.logits.float()                                           # [batch, completion_len, vocab]
-    u = z / temperature if temperature != 1.0 else z                 # the same tensor when T = 1
+    # small matmul (docs/gpu.md): no division when T = 1, and the entropy's sum_v p_v u_v as a
+    # batched dot product (einsum), without a [batch, completion_len, vocab] product in between.
+    z = out.logits.float()                                          # [batch, completion_len, vocab]
+    u = z / temperature if temperature != 1.0 else z                # the same tensor when T = 1
     tokens = cols["input_ids"][:, -completion_len:]
-    log_z = torch.logsumexp(u, dim=-1)                               # log Z, [batch, completion_len]
+    log_z = torch.logsumexp(u, dim=-1)                              # log Z, [batch, completion_len]
     logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_z
     with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v u_v
         entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
@@ -173,9 +196,9 @@ def check_temperature(cols: dict, temperature: float) -> None:
         raise ValueError(f"temperature {temperature:g} < {MIN_TEMPERATURE}: sampling is greedy in "
                          "effect there (log mu = 0 for every sampled token), so the loss is 0")
     if sampled_at != temperature:
-        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but log pi_theta is "
-                         f"taken at {temperature:g}: pass the sampling temperature, else every "
-                         "importance ratio is wrong")
+        raise ValueError(f"the rollouts were sampled at temperature {sampled_at:g} but "
+                         f"log pi_theta is taken at {temperature:g}: pass the sampling "
+                         "temperature, else every importance ratio is wrong")
 
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor | None,
@@ -193,22 +216,23 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t): GRPO's estimate of
     KL(pi_theta || pi_ref), exact in expectation over tokens drawn from pi_theta. Here they were
     drawn from mu (stale, on replay) and the term is not importance-weighted: an approximation.
-    13 keywords, one per symbol of the formulas and per loss variant: a reader finds each by name.
-    """
+    Size: 13 keywords, one per symbol of the formulas and per loss variant, each found by name."""
     if is_cap < 1 or not 0 < epsilon < 1 or beta < 0 or (beta > 0 and ref_logp is None):
-        raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), epsilon {epsilon} "
-                         f"(in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): one is out of range")
-    coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)   # [batch, 1]
+        raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
+                         f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
+                         "one is out of range")
+    # [batch, 1]
+    coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)
     real = mask > 0         # selects (torch.where), never multiplies: NaN * 0 at padding is NaN
     logp, behaviour_logp = torch.where(real, logp, 0.0), torch.where(real, behaviour_logp, 0.0)
     log_rho = logp - behaviour_logp
-    rho = torch.exp(log_rho)                                         # rho_t, [batch, completion_len]
+    rho = torch.exp(log_rho)                                      # rho_t, [batch, completion_len]
     if loss_type == "tis":
-        w = rho.detach().clamp(max=is_cap)                           # w_t = min(rho_t, C): no gradient
+        w = rho.detach().clamp(max=is_cap)                        # w_t = min(rho_t, C): no gradient
         per_token = -w * coef * logp
     elif loss_type == "ppo":
         per_token = -torch.minimum(rho * coef, rho.clamp(1 - epsilon, 1 + epsilon) * coef)
-    else:                                                            # asymre: no ratio at all
+    else:                                                         # asymre: no ratio at all
         per_token = -coef * logp
     loss = masked_mean(per_token, mask, normalization)
     kl = None
@@ -219,7 +243,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     return loss, loss_metrics(rho, log_rho, coef, mask, loss_type, is_cap, epsilon, kl)
 
 
-def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=None, asymre_tau: float = 0.1):
+def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=None,
+                       asymre_tau: float = 0.1):
     """What multiplies log pi_theta for each rollout, as [batch, 1]: the advantage A (tis, ppo), or
     asymre's r - (V - tau), which is not the group-normalized A. Anything but one value per rollout
     raises: a per-token [batch, completion_len] would broadcast against logp to [batch, batch,
@@ -241,13 +266,16 @@ def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=No
     return coef[:, None]
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token_mean") -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor,
+                normalization: str = "token_mean") -> torch.Tensor:
     """The mean of x [batch, completion_len] over the real tokens (mask 1).
     token_mean: sum over every token of the batch / the batch's tokens. The tokens of rollouts with
-    A = 0 count in the denominator though they add nothing to the sum: with 86% of a batch's groups
-    all-equal, the step is ~7x smaller than over the other tokens alone (GRPO's convention; the lr
-    absorbs it). sequence_mean: the mean within each sequence, then over the sequences."""
-    x = torch.where(mask > 0, x, 0.0)      # not x * mask: a NaN or inf at padding would poison the sum
+    A = 0 count in the denominator though they add nothing to the sum: when most of a batch's
+    groups are all-equal, the step is several times smaller than over the other tokens alone
+    (GRPO's convention; the lr absorbs it). sequence_mean: the mean within each sequence, then
+    over the sequences."""
+    # not x * mask: a NaN or inf at padding would poison the sum
+    x = torch.where(mask > 0, x, 0.0)
     if normalization == "token_mean":
         return x.sum() / mask.sum().clamp(min=1)
     if normalization == "sequence_mean":
@@ -256,7 +284,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token
 
 
 @torch.no_grad()
-def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilon: float, kl=None) -> dict:
+def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilon: float,
+                 kl=None) -> dict:
     """Figures of one loss, as 0-dim tensors (reading one, float(), waits for a GPU: the caller
     decides when): is_ratio_mean / is_ratio_max of rho over real tokens; is_truncated_frac, the
     fraction of tokens whose weight was cut to the cap C (tis) or whose clipped term was active
@@ -281,7 +310,8 @@ def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilo
 
 def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0, beta: float = 0.0,
                log_probs=None, **loss_args):
-    """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, completion_len]).
+    """policy_loss of the model on collated rollouts: (loss, metrics,
+    entropy [batch, completion_len]).
     The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off.
     log_probs: completion_logp (None), or a function of its arguments with the same values."""
     log_probs = log_probs or completion_logp
@@ -290,9 +320,9 @@ def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0
     if beta > 0:
         with torch.no_grad(), model.disable_adapter():
             ref_logp, _ = log_probs(model, cols, temperature)
-    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], cols["completion_mask"],
-                                ref_logp=ref_logp, beta=beta, reward=cols["reward"],
-                                baseline=cols["baseline"], **loss_args)
+    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
+                                cols["completion_mask"], ref_logp=ref_logp, beta=beta,
+                                reward=cols["reward"], baseline=cols["baseline"], **loss_args)
     return loss, metrics, entropy
 
 
@@ -304,7 +334,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau).
     train.py runs update_step_engineered: the same step, with the engineering (it is tested equal).
     """
-    cols = collate(rollouts, pad_id, policy_version, device=next(model.parameters()).device)   # padded, with ages
+    # padded, with ages
+    cols = collate(rollouts, pad_id, policy_version, device=next(model.parameters()).device)
     loss, metrics, _ = batch_loss(model, cols, temperature=temperature, beta=beta, **loss_args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -312,14 +343,16 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     # the clip guards against a rare huge step (one batch of unlucky ratios); it is not the method
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
-    return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()}, "grad_norm": grad_norm.item(),
-            "age_mean": cols["age"].mean().item(), "age_max": cols["age"].max().item()}
+    return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()},
+            "grad_norm": grad_norm.item(), "age_mean": cols["age"].mean().item(),
+            "age_max": cols["age"].max().item()}
 
 
 # ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
-def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
-                           temperature: float = 1.0, beta: float = 0.0, normalization: str = "token_mean",
-                           micro_batch_size: int = 0, max_grad_norm: float = 1.0, loss_scale: float = 1.0,
+def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int,
+                           policy_version: int, temperature: float = 1.0, beta: float = 0.0,
+                           normalization: str = "token_mean", micro_batch_size: int = 0,
+                           max_grad_norm: float = 1.0, loss_scale: float = 1.0,
                            logp_chunk: int = 0, **loss_args) -> dict:
     """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
     - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch loss
@@ -331,12 +364,16 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     - loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
       gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
       between, the gradients of the fp16 activations are S times larger, so the small ones do not
-      underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is skipped;
+      underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is
+      skipped;
     - a step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
       and the optimizer state stay as they were;
     - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts;
     - logp_chunk > 0: log pi_theta from chunked_completion_logp, that many tokens at a time: the
-      same values, with the logits' memory bounded by the chunk, not by micro-batch x length x vocab.
+      same values, with the logits' memory bounded by the chunk, not by
+      micro-batch x length x vocab.
+    Size: update_step's keywords and one per piece of engineering above, in one loop that a reader
+    skips at first (the README's reading order does).
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
@@ -346,7 +383,8 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
          sum(rollout.uses for rollout in rollouts)], dtype=torch.float64)).tolist()
     # Metrics add up on the device, read once at the end: each read of a GPU value makes the
     # host wait until the GPU is idle, and the next forward then starts from an idle GPU.
-    names = ["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"] + (["ref_kl"] if beta > 0 else [])
+    names = (["loss", "is_ratio_mean", "is_truncated_frac", "approx_kl", "entropy"]
+             + (["ref_kl"] if beta > 0 else []))
     sums = torch.zeros(len(names), dtype=torch.float64, device=device)
     ratio_max = torch.zeros((), device=device)
     log_probs = None                                        # batch_loss's default: completion_logp
@@ -358,32 +396,38 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
         cols = collate(chunk, pad_id, policy_version, device=device)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                       normalization=normalization, log_probs=log_probs, **loss_args)
-        token_share = sum(len(rollout.completion_ids) for rollout in chunk) / total_tokens     # on the host
+        # on the host
+        token_share = sum(len(rollout.completion_ids) for rollout in chunk) / total_tokens
         share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
         (loss * share * loss_scale).backward()
-        with torch.no_grad():   # token means in every normalization; loss and ref_kl normalized like the loss
-            sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share, m["is_truncated_frac"] * token_share,
-                                 m["approx_kl"] * token_share,
+        # token means in every normalization; loss and ref_kl normalized like the loss
+        with torch.no_grad():
+            sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share,
+                                 m["is_truncated_frac"] * token_share, m["approx_kl"] * token_share,
                                  (entropy * cols["completion_mask"]).sum() / total_tokens]
                                 + ([m["ref_kl"] * share] if beta > 0 else [])).double()
             ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sums = _unscale_and_sum_gradients(params, sums, loss_scale)
-    maxima = _over_processes(torch.stack([ratio_max.double(), torch.tensor(float(max(ages)), device=device,
-                                                                           dtype=torch.float64)]), "max")
+    maxima = _over_processes(torch.stack([ratio_max.double(),
+                                          torch.tensor(float(max(ages)), device=device,
+                                                       dtype=torch.float64)]), "max")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    *values, ratio_max, age_max, grad_norm = torch.cat([sums, maxima, grad_norm.to(sums)[None]]).tolist()
+    *values, ratio_max, age_max, grad_norm = torch.cat([sums, maxima,
+                                                        grad_norm.to(sums)[None]]).tolist()
     metrics = dict(zip(names, values))
     skipped = _step_unless_not_finite(optimizer, metrics["loss"], grad_norm)
     # uses_mean: the uses of this batch's rollouts so far, this one included (a rollout replayed
     # twice counts 2 here); the run's "each used y times" is rollouts trained / generated instead
     return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
-            "age_mean": age_sum / total_sequences, "age_max": age_max, "uses_mean": uses_sum / total_sequences}
+            "age_mean": age_sum / total_sequences, "age_max": age_max,
+            "uses_mean": uses_sum / total_sequences}
 
 
 def _unscale_and_sum_gradients(params, sums: torch.Tensor, loss_scale: float) -> torch.Tensor:
     """Divide the gradients by the loss scale; under torchrun replace each by its sum over the
-    processes (data parallel), the metric sums travelling with it (in its float32). Returns the sums."""
+    processes (data parallel), the metric sums travelling with it (in its float32). Returns the
+    sums."""
     if loss_scale != 1.0:       # unscaled: the gradient of the loss itself (LoRA weights are fp32)
         for p in (p for p in params if p.grad is not None):
             p.grad.div_(loss_scale)

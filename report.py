@@ -31,7 +31,7 @@ class Report:
     """The run folder's metrics.jsonl (one JSON object a line: a step, or an eval), the same
     figures as TensorBoard scalars (--report-to tensorboard) or in a W&B run (--report-to wandb),
     curves.png and the progress bar.
-    cfg: train.Config; state: train.LoopState, as loaded when resumed: metrics.jsonl is then cut
+    cfg: train.Config; state: checkpoint.LoopState, as loaded when resumed: metrics.jsonl is then cut
     back to its length at the checkpoint (later lines belong to an abandoned timeline)."""
 
     def __init__(self, run_dir: str, cfg, state, resumed: bool):
@@ -61,7 +61,7 @@ class Report:
     def row(self, state, row: dict) -> None:
         """One line of metrics.jsonl, the loop state's COUNTERS then the row (and its numbers as
         TensorBoard scalars at the step, or a W&B step); the file's length into state.metrics_bytes
-        (a resume cuts what follows; the other ranks write nothing). state: train.LoopState."""
+        (a resume cuts what follows; the other ranks write nothing). state: checkpoint.LoopState."""
         if self.metrics is None:
             return
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
@@ -339,7 +339,7 @@ def summary(cfg, state, run_dir: str) -> None:
     """The end-of-run lines, all measured: accuracy, tokens and the time split, the
     generation/training cost ratio (seconds per generated rollout / per trained rollout; not mu,
     the behaviour policy), how often a rollout was used, and the counts of anything skipped.
-    cfg: train.Config; state: train.LoopState."""
+    cfg: train.Config; state: checkpoint.LoopState."""
     first, last = state.first_accuracy, state.last_accuracy
     total = state.gen_seconds + state.train_seconds
     say(cfg, f"eval accuracy: {first:.3f} at step 0 -> {last:.3f} after {state.step} steps "

@@ -17,13 +17,14 @@ class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
 
     log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits of step t and T the temperature:
-    the same distribution the loss evaluates. the top-p (nucleus) cut-off is not modelled (keep top_p = 1.0
-    for exact importance ratios), and nothing else may change the distribution (no top-k, no
-    repetition penalty: load_policy resets the model's generation_config).
+    the same distribution the loss evaluates. the top-p (nucleus) cut-off is not modelled (keep
+    top_p = 1.0 for exact importance ratios), and nothing else may change the distribution (no
+    top-k, no repetition penalty: load_policy resets the model's generation_config).
     ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
     processors, before temperature and top-p) and with input_ids that end with the token sampled
     at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next call; the
-    last step is gathered in ``finish``. Memory stays O(batch * vocab), not O(batch * completion_len * vocab).
+    last step is gathered in ``finish``. Memory stays O(batch * vocab), not
+    O(batch * completion_len * vocab).
     (Step here is a decoding step of generate, not an optimizer step.)
     One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
     beam search reorders the rows between calls, which the gather here does not follow.
@@ -35,7 +36,8 @@ class BehaviourLogProbs(LogitsProcessor):
         self.temperature = temperature
         self.prev_logp: torch.Tensor | None = None
         self.token_logp: list[torch.Tensor] = []   # each [batch]
-        self.mu_entropy: list[torch.Tensor] = []   # each [batch], entropy of mu (not pi_theta) there
+        # each [batch], entropy of mu (not pi_theta) there
+        self.mu_entropy: list[torch.Tensor] = []
         self.finished = False
 
     def _gather_prev(self, tokens: torch.Tensor) -> None:
@@ -44,7 +46,8 @@ class BehaviourLogProbs(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.finished:
-            raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each generate call")
+            raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
+                               "generate call")
         self._gather_prev(input_ids[:, -1])
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
@@ -52,13 +55,15 @@ class BehaviourLogProbs(LogitsProcessor):
         return scores
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, completion_len], for ``completions`` [batch, completion_len]
-        (completion_len: the decoding steps generate ran, the longest completion)."""
+        """(token_logp, entropy), each [batch, completion_len], for ``completions``
+        [batch, completion_len] (completion_len: the decoding steps generate ran, the longest
+        completion)."""
         completion_len = completions.shape[1]
         if len(self.token_logp) < completion_len:
             self._gather_prev(completions[:, -1])
         self.finished = True
-        return torch.stack(self.token_logp[:completion_len], 1), torch.stack(self.mu_entropy[:completion_len], 1)
+        return (torch.stack(self.token_logp[:completion_len], 1),
+                torch.stack(self.mu_entropy[:completion_len], 1))
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -92,23 +97,59 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
     turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
     r and the group-normalized advantage A (the G rollouts of one prompt form its group).
-    policy_version: the optimizer steps of the model now (no default: a rollout's age is counted from it).
-    prompts: text as the model reads it, chat template applied and special tokens included (they are
-    tokenized with add_special_tokens=False); reward_fn(prompt, completion) gets that same text.
-    G = 1 gives A = 0 for every rollout (a group of one has nothing to compare with): tis and ppo
-    then learn nothing. A round whose groups all have equal rewards warns, once.
-
-    A completion keeps its tokens up to and including the first end token (the tokenizer's EOS or
-    any of the model's eos_token_id list; pad == eos is common, so all after it is padding).
-    The model's generation_config must not add processors of its own (repetition penalty, ...):
-    they would change the sampling distribution behind the stored log-probs. load_policy sees to it.
-    Engineering: prompts are left-padded so every completion starts at the same column; generation
-    uses the KV cache. fast: a fast_decoding.FastDecoding kept by the caller across calls (the
-    same samples, faster on a GPU). Returns (rollouts in prompt-major order, stats).
-    """
-    device = next(model.parameters()).device
+    prompts: text as the model reads it (chat template, special tokens: tokenized with
+    add_special_tokens=False); reward_fn(prompt, completion) gets that same text. policy_version:
+    the model's optimizer steps now (no default: a rollout's age counts from it). G = 1 gives
+    A = 0 to every rollout, and tis and ppo learn nothing: a round of only equal-reward groups
+    warns, once. fast: a fast_decoding.FastDecoding kept across calls (the same samples, faster on
+    a GPU). Returns (rollouts in prompt-major order, stats).
+    Size: 10 keywords, generate's sampling settings and the rollouts' version, each named."""
     G = num_generations
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
+        model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=top_p, fast=fast)
+    lengths, ended = completion_lengths(completions, eos_ids)
+    kept = lengths.tolist()                                         # tokens kept of each completion
+    mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
+    # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
+    texts = [tokenizer.decode(row[:k], skip_special_tokens=True)
+             for row, k in zip(completions.tolist(), kept)]
+    rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
+    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    if not advantages.any():
+        warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
+                      "so tis and ppo get no gradient from it"
+                      + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
+    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
+    completion_ids, behaviour_logp = completions[mask].split(kept), token_logp[mask].split(kept)
+    baselines = rewards.view(-1, G).mean(1).tolist()
+    rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
+                        behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
+                        policy_version=policy_version, baseline=baselines[i // G],
+                        temperature=temperature)
+                for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
+    stats = {"reward": rewards.mean().item(), "new_tokens": int(lengths.sum()),
+             "completions": texts,
+             "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
+             "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),   # mu's
+             "completion_len": lengths.float().mean().item(),      # the mean (metrics.jsonl's key)
+             "truncated_frac": (~ended).float().mean().item()}     # cut at max_new_tokens, not at C
+    return rollouts, stats
+
+
+def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
+                       temperature: float, top_p: float, fast=None):
+    """G samples of each prompt (left-padded, so every completion starts at the same column), with
+    log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
+    (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, completion_len]
+    on the CPU, and the end token ids. The model's generation_config must not add processors of
+    its own (repetition penalty, ...): they would change the distribution behind the log-probs;
+    load_policy sees to it.
+    """
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False)        # the prompts carry their own special tokens
+    prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+    device = next(model.parameters()).device
     input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
@@ -116,62 +157,41 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     # softmax(z_t / T) that BehaviourLogProbs records and the loss evaluates, else the stored
     # log mu(o_t) would not be the log-prob of the distribution that drew o_t.
     gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
-                                  compile_config=fast and fast.compile_config)
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                                  pad_token_id=pad_id, compile_config=fast and fast.compile_config)
     recorder = BehaviourLogProbs(temperature)
-    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
+                                                         input_ids.shape[1] + max_new_tokens)
+    # with the KV cache
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
     completions = sequences[:, input_ids.shape[1]:]                  # [P * G, completion_len]
     token_logp, token_entropy = recorder.finish(completions)
-    # Engineering: everything below is per-rollout bookkeeping on small tensors: one copy to the
-    # CPU now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
-    completions, token_logp, token_entropy = completions.cpu(), token_logp.cpu(), token_entropy.cpu()
+    # Engineering: what follows is per-rollout bookkeeping on small tensors: one copy to the CPU
+    # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
+    return prompt_ids, completions.cpu(), token_logp.cpu(), token_entropy.cpu(), eos_ids
 
-    # Length = up to and including the first EOS, else all completion_len tokens (cut at max_new_tokens).
+
+def completion_lengths(completions: torch.Tensor,
+                       eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths, ended) of completions [P * G, completion_len]: each keeps its tokens up to and
+    including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
+    pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
+    False)."""
     eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, completion_len]
     completion_len = completions.shape[1]
     ended = eos_cells.any(1)
-    first_eos = torch.where(ended, eos_cells.int().argmax(1), torch.full_like(ended, completion_len, dtype=torch.long))
-    lengths = torch.clamp(first_eos + 1, max=completion_len)
-    mask = torch.arange(completion_len)[None, :] < lengths[:, None]
-    kept = lengths.tolist()                                          # tokens kept of each completion
-
-    # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
-    texts = [tokenizer.decode(row[:k], skip_special_tokens=True) for row, k in zip(completions.tolist(), kept)]
-    rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
-    advantages = group_advantages(rewards.view(-1, G)).view(-1)
-    if not advantages.any():
-        warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, so tis and ppo "
-                      "get no gradient from it" + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
-
-    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
-    completion_ids = completions[mask].split(kept)
-    behaviour_logp = token_logp[mask].split(kept)
-    prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
-    baselines = rewards.view(-1, G).mean(1).tolist()
-    rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
-                        behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
-                        policy_version=policy_version, baseline=baselines[i // G], temperature=temperature)
-                for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
-    stats = {
-        "reward": rewards.mean().item(),
-        "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
-        "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),
-        "completion_len": lengths.float().mean().item(),      # the mean length (metrics.jsonl's key)
-        "truncated_frac": (~ended).float().mean().item(),      # cut at max_new_tokens (not the IS cap)
-        "new_tokens": int(lengths.sum()),
-        "completions": texts,
-    }
-    return rollouts, stats
+    first_eos = torch.where(ended, eos_cells.int().argmax(1),
+                            torch.full_like(ended, completion_len, dtype=torch.long))
+    return torch.clamp(first_eos + 1, max=completion_len), ended
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
                     batch_size: int = 256) -> float:
     """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
-    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn}, max_new_tokens=max_new_tokens,
-                          batch_size=batch_size)["reward"]
+    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
+                          max_new_tokens=max_new_tokens, batch_size=batch_size)["reward"]
 
 
 @torch.inference_mode()
@@ -181,8 +201,8 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     progress: e.g. a tqdm bar, advanced by the prompts of each batch done."""
     device = next(model.parameters()).device
     eos_ids, pad_id = end_token_ids(model, tokenizer)
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
-                                  pad_token_id=pad_id)
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos_ids, pad_token_id=pad_id)
     totals = dict.fromkeys(reward_fns, 0.0)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]

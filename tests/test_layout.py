@@ -164,3 +164,32 @@ def test_the_readme_is_short_with_a_reading_order_that_names_what_exists():
                 assert name in defined, f"README reading order: {name} is not defined in {file}"
                 checked += 1
     assert checked >= 10
+
+
+CORE = ["minimal.py", "replay_rl.py", "rollout.py", "buffer.py", "train.py"]
+
+
+@pytest.mark.parametrize("path", CORE)
+def test_core_lines_fit_100_characters(path):
+    """Issue 43: the five files of the reading order read without sideways scrolling."""
+    long = [i for i, line in enumerate(open(os.path.join(ROOT, path)).read().splitlines(), 1)
+            if len(line) > 100]
+    assert not long, f"{path}: lines over 100 characters: {long}"
+
+
+@pytest.mark.parametrize("path", CORE)
+def test_functions_a_reader_can_hold(path):
+    """Issue 43: every function of the five files at most 45 lines and 8 parameters (self not
+    counted), unless its docstring says why in a line that starts with 'Size:'."""
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    over = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+        params = [p for p in params if p not in ("self", "cls")]
+        lines = fn.end_lineno - fn.lineno + 1
+        said = any(line.strip().startswith("Size:") for line in (ast.get_docstring(fn) or "").splitlines())
+        if (lines > 45 or len(params) > 8) and not said:
+            over.append(f"{fn.name}: {lines} lines, {len(params)} parameters")
+    assert not over, f"{path}: {over}"
