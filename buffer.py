@@ -43,9 +43,9 @@ class Rollout:
     """One sampled completion and everything the loss needs to replay it later.
 
     prompt_ids:      [prompt_len] prompt token ids (no padding)
-    completion_ids:  [completion_len] completion token ids, up to and including the first EOS
+    completion_ids:  [its length] completion token ids, up to and including the first EOS
                      (no EOS when generation hit max_new_tokens); no padding
-    behaviour_logp:  [completion_len] log mu(o_t | o_<t): log-prob of each completion token under
+    behaviour_logp:  [its length] log mu(o_t | o_<t): log-prob of each completion token under
                      the policy that sampled it (mu), at the sampling temperature T
     reward:          scalar reward of the completion
     advantage:       group-normalized advantage, fixed at generation time (never recomputed)

@@ -404,7 +404,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
         with torch.no_grad():
             sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share,
                                  m["is_truncated_frac"] * token_share, m["approx_kl"] * token_share,
-                                 (entropy * cols["completion_mask"]).sum() / total_tokens]
+                                 masked_mean(entropy, cols["completion_mask"]) * token_share]
                                 + ([m["ref_kl"] * share] if beta > 0 else [])).double()
             ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -525,9 +525,9 @@ class _HeadLogp(torch.autograd.Function):
             # the log-softmax shifted by the row maximum (as logsumexp does): u - max, then exp
             u.sub_(u.max(-1, keepdim=True).values)
             p = u.exp()
-            z = p.sum(-1, keepdim=True)
-            p.div_(z)                                                        # softmax, [c, vocab]
-            log_z = z.log().squeeze(-1)         # log Z of the shifted u: log pi = u_o - log Z
+            Z = p.sum(-1, keepdim=True)     # the normalizer (not the logits z)
+            p.div_(Z)                                                        # softmax, [c, vocab]
+            log_z = Z.log().squeeze(-1)         # log Z of the shifted u: log pi = u_o - log Z
             logp.append(u.gather(-1, o).squeeze(-1) - log_z)
             entropy.append(log_z - torch.einsum("cv,cv->c", p, u))
             del u                           # two [c, vocab] fp32 tensors at most are alive at once

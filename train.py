@@ -66,7 +66,7 @@ class Config:
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
-    top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore the truncation")
+    top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore its cut-off")
     # replay
     buffer_size: int = opt(256, "N: the FIFO buffer's capacity (N = R = B, K = 1: on-policy)")
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
@@ -142,7 +142,7 @@ class Run:
     task: tasks.Task
     model: object                   # the PEFT model
     tokenizer: object
-    reward: loading.CheckedReward       # the task's reward, checked; counts the errors scored 0
+    reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
     optimizer: torch.optim.Optimizer
     buffer: ReplayBuffer            # this process's shard
     rng: random.Random              # the prompt stream (the same in every process)
@@ -211,7 +211,7 @@ def train(cfg: Config, task: tasks.Task, stop: checkpoint.StopRequest,
 def generate_round(run: Run) -> None:
     """A new round: R rollouts from the current policy into the buffer; decides its updates."""
     cfg, state, model = run.cfg, run.state, run.model
-    errors_before = run.reward.errors
+    errors_before = run.reward_fn.errors
     report.reset_peak_memory(model)
     model.eval()
     # cut short by a stop: the round counter and the prompt and RNG streams put back, as not begun
@@ -220,7 +220,7 @@ def generate_round(run: Run) -> None:
         # Every process draws the same prompts and takes its share (a prompt's G samples together)
         prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
         rollouts, gen = rollout.generate_rollouts(
-            model, run.tokenizer, prompts, run.reward, num_generations=cfg.num_generations,
+            model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
     model.train()       # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
@@ -231,8 +231,8 @@ def generate_round(run: Run) -> None:
     room = max(my_new - fresh(), my_batch - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
-    report.count_round(state, gen, len(rollouts), len(prompts), run.reward.errors - errors_before,
-                       stored)
+    report.count_round(state, gen, len(rollouts), len(prompts),
+                       run.reward_fn.errors - errors_before, stored)
     report.peak_memory(state.round_stats, "gen", model)
     # Generate only until every shard holds its share of B (and of S new ones, with S).
     due = len(run.buffer) >= my_batch and fresh() >= my_new
@@ -280,14 +280,14 @@ def evaluate(run: Run) -> float:
     prompts = task.eval_prompts[:run.cfg.eval_prompts]
     mine = distributed.share(prompts)
     run.model.eval()
-    errors_before = run.reward.errors
-    fns = loading.eval_rewards(task, run.reward)   # eval_accuracy; GSM8K: eval_strict, eval_lenient
+    errors_before = run.reward_fn.errors
+    fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     with run.stop.abortable():          # cut short: nothing of it kept, a resume evaluates again
         means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
                  if mine else dict.fromkeys(fns, 0.0))
     run.model.train()
-    scores = report.count_eval(state, means, len(mine), run.reward.errors - errors_before)
+    scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
     run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
     run.report.curves()
     return state.last_accuracy
@@ -360,9 +360,9 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
                           beta=cfg.beta)
     state = LoopState(round_batch_size=cfg.batch_size, world_size=world,
                       next_eval_tokens=cli.next_eval_tokens(cfg, 0))
-    reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
-    run = Run(cfg, task, model, tokenizer, reward, optimizer, buffer, random.Random(cfg.seed), out,
-              state)
+    reward_fn = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
+    run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, random.Random(cfg.seed),
+              out, state)
     report.start(cfg, task, world)
     if cfg.fast_generation:
         run.fast = loading.fast_decoding(cfg, model, tokenizer, task, device)

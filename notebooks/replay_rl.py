@@ -82,8 +82,8 @@ print(f"greedy accuracy on {EVAL_PROMPTS} held-out sums before any RL: {start_ac
 #
 # `generate_rollouts` samples G completions for each of P prompts from the current policy (mu,
 # for these rollouts) and keeps, with each completion, the behaviour log-prob log mu(o_t) of
-# every token, its reward r, and its advantage A = (r - mean r) / std r within its group of G.
-# A group whose answers are all right (or all wrong) has A = 0: it teaches nothing.
+# every token, its reward r, and its advantage A = (r - mean r) / (std r + 1e-4) within its group
+# of G (0 if all G rewards are equal). A group whose answers are all right (or all wrong) has A = 0: it teaches nothing.
 
 # %%
 from rollout import generate_rollouts
