@@ -449,8 +449,10 @@ class StopRequest:
             self.cutting = False
 
     def give_up(self) -> None:
-        """The step did not finish within the grace: exit now, naming how the run goes on."""
-        distributed.print0(f"the step did not finish within {self.grace:.0f} s of "
+        """The step (or, before the run folder exists, the model's loading) did not finish within
+        the grace: exit now, naming how the run goes on."""
+        what = "the step" if self.run_dir else "loading (or building) the model"
+        distributed.print0(f"{what} did not finish within {self.grace:.0f} s of "
                            f"{signal.Signals(self.signum).name}: exited without saving; "
                            + how_to_go_on(self.run_dir), file=sys.stderr, flush=True)
         os._exit(128 + self.signum)
