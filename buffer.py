@@ -65,6 +65,13 @@ class Rollout:
     temperature: float = 1.0
 
 
+def zero_advantage_filter_fits(loss_type: str | None, beta: float) -> bool:
+    """Whether rollouts of A = 0 carry no gradient under this loss, so skip_zero_advantage drops
+    nothing it trains on: tis and ppo without the KL term (asymre weighs them by tau, the KL
+    term by beta)."""
+    return loss_type in ("tis", "ppo") and not beta > 0
+
+
 class ReplayBuffer:
     """FIFO of up to ``capacity`` (N) rollouts, sampled uniformly without removal.
 
@@ -77,7 +84,7 @@ class ReplayBuffer:
                  loss_type: str | None = None, beta: float = 0.0):
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
-        if skip_zero_advantage and (loss_type not in ("tis", "ppo") or beta > 0):
+        if skip_zero_advantage and not zero_advantage_filter_fits(loss_type, beta):
             raise ValueError(f"skip_zero_advantage with loss_type {loss_type!r}, beta {beta}: "
                              "the filter is only for tis or ppo without KL (beta 0), which get no "
                              "gradient from a rollout of A = 0; asymre (coefficient tau) and the "

@@ -20,6 +20,7 @@ import pretrained
 import report
 import runfolder
 import tasks
+from buffer import zero_advantage_filter_fits
 from replay_rl import MIN_TEMPERATURE     # below it the loss is 0 (sampling is greedy in effect)
 
 # The knobs in the order that frees the most, measured on an H200 (a 0.5B model, 64 rollouts a
@@ -49,8 +50,6 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, temperature=0.7,
                                   skip_zero_advantage=True, batch_size=16, buffer_size=32, lr=2.5e-4,
                                   eval_prompts=100, eval_every=10)}
-
-
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -89,8 +88,9 @@ def parse(config_class, argv=None, description: str = ""):
     if not cfg.resume and cfg.model in MODEL_DEFAULTS:     # the flags not given: the model's own
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
         defaults = {k: v for k, v in MODEL_DEFAULTS[cfg.model].items() if k not in given}
-        if cfg.loss == "asymre" or cfg.beta > 0:    # these train on all-equal groups too (asymre's
-            defaults.pop("skip_zero_advantage", None)  # coefficient tau, the KL term): no filter
+        # asymre and the KL term train on all-equal groups too: no filter for them
+        if not zero_advantage_filter_fits(cfg.loss, cfg.beta):
+            defaults.pop("skip_zero_advantage", None)
         cfg = dataclasses.replace(cfg, **defaults)
     saved = None
     if cfg.resume and (config := unsaved_run(cfg.resume)) is not None:
@@ -254,7 +254,7 @@ def config_problem(cfg) -> str | None:
         return (f"--num-generations 1: a group of one has advantage 0, so the {cfg.loss} loss has "
                 "no gradient; use 2 or more (asymre, whose coefficient r - (V - tau) is tau "
                 "there, can train with 1)")
-    if cfg.skip_zero_advantage and (cfg.loss == "asymre" or cfg.beta > 0):
+    if cfg.skip_zero_advantage and not zero_advantage_filter_fits(cfg.loss, cfg.beta):
         return (f"--skip-zero-advantage with --loss {cfg.loss} --beta {cfg.beta:g}: asymre "
                 "(coefficient tau) and the KL term train on all-equal groups too, so the filter "
                 "would change the objective; use it with tis or ppo and --beta 0")

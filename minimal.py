@@ -7,8 +7,8 @@ token o_t its behaviour log-prob log mu(o_t) and for every completion its group-
 A = (r - mean(r)) / (std(r) + 1e-4), 0 for a group of equal rewards. Add the R = P x G new rollouts
 to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it uniformly. With R = 128
 and B = N = 256 each rollout is used twice (replay ratio y = K*B/R = 2), once fresh and once a step
-stale. The staleness is
-corrected by truncated importance weights (w_t without gradient; token mean over the batch):
+stale. The staleness is corrected by truncated importance weights (w_t without gradient; token
+mean over the batch):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
 train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
 checks that the update here gives train.py's loss and gradient.

@@ -17,7 +17,7 @@ class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
 
     log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits of step t and T the temperature:
-    the same distribution the loss evaluates. the top-p (nucleus) cut-off is not modelled (keep
+    the same distribution the loss evaluates. The top-p (nucleus) cut-off is not modelled (keep
     top_p = 1.0 for exact importance ratios), and nothing else may change the distribution (no
     top-k, no repetition penalty: load_policy resets the model's generation_config).
     ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
