@@ -23,6 +23,7 @@ Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 upd
   Each replay arm's control (control_of): replay_y4 and replay_y4_ppo -> control_y4,
   replay_nonzero -> control_nonzero,
   replay_y3 -> none, every other replay arm -> control (same R and B as replay).
+  replay_big is also read against replay (vs_smaller_buffer in summary.json: the buffer alone differs).
 The filtered design (--skip-zero-advantage): every arm stores only the groups whose rewards differ
 (the others carry no gradient) and takes its update once S new rollouts are stored (train.py
 --new-per-update S; each round generates --prompts-per-round x G), so that S plays R's part and each
@@ -115,7 +116,8 @@ from records import (ARMS, FILTERED_ARMS, FIXED_Y, NOT_PASSED, OPTIONAL_ARMS,  #
                      starting_model, token_grid, train_flags, warm_start_seed)
 from stats import (RISE_EVALS, X_KEYS, CompareError, bootstrap, choose_lr,  # noqa: E402
                    entry_verdict, figures, final_accuracy, finite, load_cost, mean_curve,
-                   measured_reuse, pair_entry, reach_point, share_units, sweep_target, unit_costs)
+                   measured_reuse, pair_entry, reach_point, share_units, smaller_buffer_of,
+                   sweep_target, unit_costs)
 from stats import target_accuracy  # noqa: E402,F401  tests/test_flags.py reads it here
 
 # Defaults of the flags whose parser default is None ("not given"): some apply only with another
@@ -453,6 +455,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
             pair["verdict"] = entry_verdict(pair, rise["fastest_evals"])
             if ref == "on_policy":
                 entry.update(pair)
+            elif ref == smaller_buffer_of(name):
+                entry["vs_smaller_buffer"] = {"arm": ref, **pair}
             else:
                 entry["vs_control"] = {"arm": ref, **pair}
         summary["arms"][name] = entry

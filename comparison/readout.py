@@ -105,6 +105,11 @@ def print_table(s: dict) -> None:
               "paired draws (replicate i of both in each draw, the ratio taken within it)")
     for name, p in paired.items():
         print(f"{name} / {p['arm']}: {ratios(p)}" + (f" -> {p['verdict']}" if "verdict" in p else ""))
+    bigger = {name: a["vs_smaller_buffer"] for name, a in s["arms"].items() if "vs_smaller_buffer" in a}
+    if bigger:
+        print("\nthe larger buffer against the smaller (the same uses, older rollouts), paired draws")
+    for name, p in bigger.items():
+        print(f"{name} / {p['arm']}: {ratios(p)} -> {p['verdict']}")
     print(f"best replay arm (tokens): {s['best_replay_arm']}")
     reuse = {name: a["reuse"] for name, a in s["arms"].items() if "reuse" in a}
     if reuse:

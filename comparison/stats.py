@@ -178,10 +178,19 @@ def difference(a: float, b: float) -> float:
     return math.inf if math.isinf(a) or math.isinf(b) else a - b
 
 
+def smaller_buffer_of(arm: str) -> str | None:
+    """The arm that differs from this one by its buffer alone (the same S, B and uses, N halved), so
+    that the paper's claim "a larger buffer learns more slowly but more stably" reads the one
+    against the other, paired; None: no such arm."""
+    return {"replay_big": "replay"}.get(arm)
+
+
 def default_pairs(arms) -> list[tuple[str, str]]:
-    """Every arm against on-policy, and every replay arm against its control (when it ran)."""
+    """Every arm against on-policy, every replay arm against its control, and an arm with a larger
+    buffer against the same arm with the smaller one (each when it ran)."""
     return ([(a, "on_policy") for a in arms if a != "on_policy"]
-            + [(a, control_of(a)) for a in arms if control_of(a) in arms])
+            + [(a, control_of(a)) for a in arms if control_of(a) in arms]
+            + [(a, smaller_buffer_of(a)) for a in arms if smaller_buffer_of(a) in arms])
 
 
 def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | None = None,
@@ -336,8 +345,8 @@ def verdicts_that_disagree(s: dict) -> list[str]:
     intervals do not give: [] when every line says what its figures say."""
     rise = (s.get("rise") or {}).get("fastest_evals")
     pairs = [(f"{a} / on_policy", e) for a, e in s["arms"].items() if "verdict" in e]
-    pairs += [(f"{a} / {e['vs_control']['arm']}", e["vs_control"]) for a, e in s["arms"].items()
-              if "verdict" in e.get("vs_control", {})]
+    pairs += [(f"{a} / {e[key]['arm']}", e[key]) for a, e in s["arms"].items()
+              for key in ("vs_control", "vs_smaller_buffer") if "verdict" in e.get(key, {})]
     return [f"{name}: says {e['verdict']!r}, its figures give {entry_verdict(e, rise)!r}"
             for name, e in pairs if e["verdict"] != entry_verdict(e, rise)]
 

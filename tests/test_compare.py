@@ -156,6 +156,34 @@ def test_replay_against_its_control_is_paired_per_replicate():
         "control", "control", "control_y4", "control_nonzero", None, None, None]
 
 
+def test_a_larger_buffer_is_read_against_the_same_arm_with_the_smaller_one():
+    """replay_big differs from replay by its buffer alone: summary.json pairs the two (claim 4 of the
+    paper). Here replay first reaches 0.5 at eval 2 and replay_big at eval 4 of the same rounds: twice
+    replay's tokens; one replicate of replay_big falls back to 0.3 after, replay never does."""
+    on = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5], R=64, B=64)] * 3
+    rep = [run_of([0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5], R=32, B=64)] * 3
+    big = [run_of(accs, R=32, B=64) for accs in ([0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5],
+                                                 [0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5],
+                                                 [0.1, 0.2, 0.3, 0.4, 0.5, 0.3, 0.5])]
+    results = {"on_policy": on, "replay": rep, "replay_big": big, "control": rep}
+    assert ("replay_big", "replay") in stats.default_pairs(results)
+    assert stats.smaller_buffer_of("replay_big") == "replay" and stats.smaller_buffer_of("replay") is None
+    fig = stats.figures(results)["arms"]["replay_big"]["vs"]["replay"]
+    # target 0.5; replay first reaches it at eval 2 (640 tokens), replay_big at eval 4 (1280) in each run
+    assert fig["first_token_ratio"] == pytest.approx(2.0)
+    # the fall after reach: 0, 0, 0.2 -> a mean of 0.2 / 3 more than replay's 0
+    assert fig["instability_diff"] == pytest.approx(0.2 / 3)
+    args = argparse.Namespace(task="addition", model="tiny", train_args="", target_frac=1.0, bootstrap=50,
+                              one_model=True, budget_tokens=5000, jobs=2, sweep_lr=None, batch_size=64,
+                              replay_ratio=2, num_generations=8, keep_correct_frac=0.3)
+    summary = compare.summarize(results, args, [0, 1, 2, 3, 4, 5, 6], {"on_policy": 1e-3})
+    pair = summary["arms"]["replay_big"]["vs_smaller_buffer"]
+    assert pair["arm"] == "replay" and pair["first_reach_token_ratio"] == pytest.approx(2.0)
+    assert summary["arms"]["replay_big"]["vs_control"]["arm"] == "control"
+    assert "vs_smaller_buffer" not in summary["arms"]["replay"]
+    assert stats.verdicts_that_disagree(summary) == []
+
+
 def test_bootstrap_covers_the_spread_of_seeds():
     on = [run_of([0.1, 0.2, 0.3, 0.4, 0.5, 0.5])] * 3
     noisy = [run_of([0.1, 0.1 + d, 0.5 + d, 0.5 + d, 0.5 + d, 0.5 + d], R=50) for d in (-0.2, 0.0, 0.1)]
