@@ -1,0 +1,164 @@
+"""The paper's four claims beside what this project measured: the table that opens docs/results.md.
+
+    python comparison/claims.py            # reads the committed summaries; runs nothing
+
+The paper ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706) claims that
+replay (1) per optimizer step can slightly hurt, (2) per generated token learns faster (up to ~40%
+less compute), (3) preserves the policy's entropy, (4) with a larger buffer learns more slowly but
+more stably. Each row reads one pair of arms of a comparison (paired: replicate i of both arms in
+each draw), recomputed from the per-replicate runs a summary keeps, with its own target rule and
+its own draws (stats.figures and stats.bootstrap), so a figure that the summary stores too is the
+same. The verdict says no more than the real model's interval: a claim agrees only when the whole
+interval lies on the paper's side, and an interval across the line is "no detected difference".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import stats  # noqa: E402
+
+# the comparisons each column reads (docs/results.md says how each was run)
+REAL = "docs/results/smollm2_filtered.json"           # SmolLM2-135M, sums, 5 RL seeds, one lr
+TINY = "docs/results/default_lr1e-3_early.json"       # the demo model, addition, 5 warm starts, one lr
+TINY_TUNED = "docs/results/tuned_early.json"          # the same, each arm at its own best lr
+STALENESS = "docs/staleness.json"                     # the demo model, written work, 3 warm starts
+
+# (claim, what is measured, arm, reference, figure, kind, the paper's side of the line)
+ROWS = [
+    ("1. per optimizer step, replay can slightly hurt", "optimizer steps to hold the target, replay / "
+     "on-policy", "replay", "on_policy", "step_ratio", "ratio", "above"),
+    ("2. per generated token it learns faster (up to ~40% less compute)", "generated tokens to hold "
+     "the target, replay / on-policy", "replay", "on_policy", "token_ratio", "ratio", "below"),
+    ("", "generated tokens to first reach it, replay / on-policy", "replay", "on_policy",
+     "first_token_ratio", "ratio", "below"),
+    ("", "final accuracy at the same generated tokens (the budget), replay - on-policy", "replay",
+     "on_policy", "accuracy_diff", "diff", "above"),
+    ("", "generated tokens to hold it, replay / its control (as many steps per token, no reuse)",
+     "replay", "control", "token_ratio", "ratio", "below"),
+    ("3. it preserves the policy's entropy", "entropy at the end (nats a token), replay - on-policy",
+     "replay", "on_policy", "entropy_diff", "diff", "not below"),
+    ("4. a larger buffer learns more slowly", "generated tokens to first reach the target, N = 2B / "
+     "N = B (the same uses)", "replay_big", "replay", "first_token_ratio", "ratio", "above"),
+    ("", "generated tokens to hold it, N = 2B / N = B", "replay_big", "replay", "token_ratio",
+     "ratio", "above"),
+    ("", "final accuracy at the budget, N = 2B - N = B", "replay_big", "replay", "accuracy_diff",
+     "diff", "below"),
+    ("... but more stably", "fall after first reaching the target, N = 2B - N = B", "replay_big",
+     "replay", "instability_diff", "diff", "below"),
+]
+
+
+def read(path: str) -> dict:
+    return json.load(open(os.path.join(ROOT, path)))
+
+
+def pair_figures(summary: dict, pairs: list[tuple[str, str]]) -> dict:
+    """Point and 90% interval of each pair's figures, from the summary's own replicates and draws."""
+    results = {arm: [{k: v for k, v in r.items() if k != "reach"} for r in e["replicates"]]
+               for arm, e in summary["arms"].items()}
+    pairs = [p for p in pairs if p[0] in results and p[1] in results]
+    frac, n = summary.get("target_frac", 1.0), summary["args"]["bootstrap"]
+    point = stats.figures(results, frac, pairs=pairs)["arms"]
+    ci = stats.bootstrap(results, n, frac=frac, pairs=pairs)["arms"]
+    return {p: (point[p[0]]["vs"][p[1]], ci[p[0]]["vs"][p[1]]) for p in pairs}
+
+
+def number(x: float, kind: str) -> str:
+    if math.isinf(x):
+        return "not reached"                  # the arm never held (or first reached) the target
+    return f"{x:.2f}x" if kind == "ratio" else f"{x:+.3f}"
+
+
+def cell(figs: dict, row: tuple) -> str:
+    _, _, arm, ref, key, kind, _ = row
+    if (arm, ref) not in figs:
+        return "not run"
+    point, (lo, hi) = figs[arm, ref][0][key], figs[arm, ref][1][key]
+    return f"{number(point, kind)} [{number(lo, kind).rstrip('x')}, {number(hi, kind).rstrip('x')}]"
+
+
+def verdict(figs: dict, row: tuple) -> str:
+    """The real model's interval in words, against the paper's side of the line (1 or 0)."""
+    _, _, arm, ref, key, kind, side = row
+    lo, hi = figs[arm, ref][1][key]
+    line = 1.0 if kind == "ratio" else 0.0
+    if lo > line or hi < line:
+        where = "above" if lo > line else "below"
+        agrees = where == side or (side == "not below" and where == "above")
+        return ("as the paper" if agrees else "against the paper") + f": the whole interval {where} {line:g}"
+    if side == "not below":
+        return f"no detected difference (a fall of up to {-lo:.3f} not excluded)"
+    return "no detected difference"
+
+
+def staleness_cell() -> str:
+    """Claim 4 on the demo model: the staleness runs (y = 4 at N = B and N = 2B, 3 warm starts each,
+    no interval): the mean of the runs' last evals."""
+    s = read(STALENESS)["settings"]
+    last = {k: [r["evals"][-1] for r in s[k]["per_warm_start"].values()] for k in ("y4", "y4, N = 2B")}
+    big, small = statistics.fmean(last["y4, N = 2B"]), statistics.fmean(last["y4"])
+    return f"written work, y = 4, 3 runs, no interval: final accuracy {big:.3f} (N = 2B) vs {small:.3f} (N = B)"
+
+
+def table() -> str:
+    pairs = sorted({(r[2], r[3]) for r in ROWS})
+    real, tiny, tuned = (pair_figures(read(p), pairs) for p in (REAL, TINY, TINY_TUNED))
+    lines = ["| the paper's claim | measured as | SmolLM2-135M, sums (5 RL seeds, one lr) | demo model, "
+             "addition, one lr (5 warm starts) | demo model, each arm at its best lr | verdict on SmolLM2 |",
+             "|---|---|---|---|---|---|"]
+    for row in ROWS:
+        if row[2] == "replay_big":
+            tiny_cells = [staleness_cell() if row[4] == "accuracy_diff" else "not measured", "not run"]
+        else:
+            tiny_cells = [cell(tiny, row), cell(tuned, row)]
+        lines.append(f"| {row[0]} | {row[1]} | {cell(real, row)} | {' | '.join(tiny_cells)} | "
+                     f"{verdict(real, row)} |")
+    return "\n".join(lines)
+
+
+def arms_table(path: str = REAL) -> str:
+    """Each arm of the real-model comparison as its summary gives it: the replay it measured (uses of
+    a stored rollout, the share of generated ones stored, ages), reach, hold, fall, entropy, CPU
+    seconds and seconds projected at a GPU's generation share (projections, not measurements)."""
+    s = read(path)
+
+    def ci(e, key, spec):
+        lo, hi = e[f"{key}_ci"]
+        f = lambda x: "not reached" if x is None else format(x, spec)
+        return f"{f(e[key])} [{f(lo)}, {f(hi)}]"
+    shares = list(next(iter(s["arms"].values()))["projected_seconds_to_target"])
+    lines = ["| arm | N, S, B | uses of a stored rollout (lowest-highest run) | stored | age mean / max "
+             "| tokens to first reach | tokens to hold | steps to hold | fall after reach | entropy "
+             "| CPU s to hold | " + " | ".join(f"projected s to hold, {u}" for u in shares) + " |",
+             "|" + "---|" * (11 + len(shares))]
+    for arm, e in s["arms"].items():
+        flags = e["flags"].split()
+        size = lambda flag: flags[flags.index(flag) + 1]
+        r = e["reuse"]
+        proj = [e["projected_seconds_to_target"][u] for u in shares]
+        lines.append(
+            f"| {arm} | {size('--buffer-size')}, {size('--new-per-update')}, {size('--batch-size')} "
+            f"| {r['uses_per_stored'][1]:.2f} ({r['uses_per_stored'][0]:.2f}-{r['uses_per_stored'][2]:.2f}) "
+            f"| {100 * r['stored_frac']:.0f}% | {r['age_mean']:.2f} / {r['age_max']:g} "
+            f"| {ci(e, 'tokens_to_first_reach', ',.0f')} | {ci(e, 'tokens_to_target', ',.0f')} "
+            f"| {ci(e, 'steps_to_target', '.1f')} | {ci(e, 'instability', '.3f')} | {e['entropy']:.3f} "
+            f"| {ci(e, 'cpu_seconds_to_target', ',.0f')} | "
+            + " | ".join(ci({"x": p["seconds"], "x_ci": p["ci"]}, "x", ",.0f") for p in proj) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(prog="claims.py", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print(table())
+    print(f"\n{REAL}, per arm:\n")
+    print(arms_table())

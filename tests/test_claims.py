@@ -1,0 +1,108 @@
+"""The four claims' table (comparison/claims.py) is what the committed summaries give, docs/results.md
+opens with it as printed, and its verdicts say no more than the intervals."""
+import math
+import os
+
+import pytest
+
+import claims
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_docs_results_opens_with_the_table_the_summaries_give():
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    table = claims.table()
+    assert table in text
+    assert text.index(table) < text.index("\n## ")          # before the first section: it opens the page
+
+
+def test_a_figure_the_summary_stores_is_the_same_recomputed():
+    """claims.py recomputes from the replicates with the summary's own target rule and draws, so the
+    pairs a summary already holds come out exactly as stored (a changed rule or seed would not)."""
+    s = claims.read(claims.REAL)
+    figs = claims.pair_figures(s, [("replay", "on_policy"), ("replay_big", "replay"), ("replay", "control")])
+    stored = {("replay", "on_policy"): s["arms"]["replay"],
+              ("replay_big", "replay"): s["arms"]["replay_big"]["vs_smaller_buffer"],
+              ("replay", "control"): s["arms"]["replay"]["vs_control"]}
+    for pair, entry in stored.items():
+        point, ci = figs[pair]
+        for key, stored_key in (("token_ratio", "token_ratio"), ("step_ratio", "step_ratio"),
+                                ("first_token_ratio", "first_reach_token_ratio"),
+                                ("entropy_diff", "entropy_diff"), ("accuracy_diff", "accuracy_diff")):
+            as_stored = [None if math.isinf(x) else x for x in ci[key]]
+            assert as_stored == pytest.approx(entry[stored_key + "_ci"]), (pair, key)
+            assert (None if math.isinf(point[key]) else point[key]) == pytest.approx(entry[stored_key])
+
+
+@pytest.mark.parametrize("interval, kind, side, words", [
+    ([1.1, 1.5], "ratio", "above", "as the paper: the whole interval above 1"),
+    ([0.5, 0.9], "ratio", "above", "against the paper: the whole interval below 1"),
+    ([0.5, math.inf], "ratio", "below", "no detected difference"),
+    ([1.2, math.inf], "ratio", "above", "as the paper: the whole interval above 1"),
+    ([-0.1, 0.02], "diff", "not below", "no detected difference (a fall of up to 0.100 not excluded)"),
+    ([-0.1, -0.02], "diff", "not below", "against the paper: the whole interval below 0"),
+    ([0.01, 0.02], "diff", "not below", "as the paper: the whole interval above 0"),
+    ([-0.02, -0.01], "diff", "below", "as the paper: the whole interval below 0"),
+])
+def test_the_verdict_says_what_the_interval_says(interval, kind, side, words):
+    row = ("claim", "measured", "a", "b", "f", kind, side)
+    assert claims.verdict({("a", "b"): ({"f": 0.0}, {"f": interval})}, row) == words
+
+
+def test_a_cell_writes_not_reached_for_an_arm_that_never_held_the_target():
+    row = ("claim", "measured", "a", "b", "f", "ratio", "below")
+    figs = {("a", "b"): ({"f": math.inf}, {"f": [0.0, math.inf]})}
+    assert claims.cell(figs, row) == "not reached [0.00, not reached]"
+    assert claims.cell({}, row) == "not run"
+    diff = ("claim", "measured", "a", "b", "f", "diff", "below")
+    assert claims.cell({("a", "b"): ({"f": -0.05}, {"f": [-0.1, 0.012]})}, diff) == "-0.050 [-0.100, +0.012]"
+
+
+def stated_figures(node, out: set) -> set:
+    """Every figure with its interval in a summary, as this page writes them: a ratio 0.84x [0.47,
+    not reached], a difference -0.056 [-0.124, +0.000]."""
+    f = lambda x, spec: "not reached" if x is None else format(x, spec)
+    if isinstance(node, dict):
+        pairs = [(node[k], node[k + "_ci"]) for k in node if k + "_ci" in node]
+        pairs += [(node["ratio"], node["ci"])] if "ratio" in node and "ci" in node else []
+        for value, (lo, hi) in ((v, c) for v, c in pairs if isinstance(c, list) and len(c) == 2):
+            if value is None or isinstance(value, float):
+                out.add(f"{f(value, '.2f')}x [{f(lo, '.2f')}, {f(hi, '.2f')}]")
+                out.add(f"{f(value, '+.3f')} [{f(lo, '+.3f')}, {f(hi, '+.3f')}]")
+        for v in node.values():
+            stated_figures(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            stated_figures(v, out)
+    return out
+
+
+def test_the_real_model_prose_states_only_figures_of_its_summaries():
+    """The words under the table and the SmolLM2 section: each figure with an interval is one of the
+    two SmolLM2 summaries' (or the table's own); a figure typed by hand from memory fails."""
+    import re
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    prose = text[text.index(claims.table()) + len(claims.table()):text.index("## The demo model")]
+    known = set()
+    for name in ("smollm2_filtered.json", "smollm2_filtered_half.json"):
+        stated_figures(claims.read(f"docs/results/{name}"), known)
+    table = claims.table()
+    quoted = re.findall(r"(?:\d+\.\d\dx|[+-]\d\.\d{3}) \[[^\]]+\]", " ".join(prose.split()))
+    assert len(quoted) >= 15
+    for figure in quoted:
+        assert figure in known or figure in table, figure
+
+
+def test_the_readme_verdict_quotes_the_results_page():
+    """README's "Does replay pay?" states figures of docs/results.md (checked above against the
+    summaries), in at most 10 lines, the real model first."""
+    import re
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## Does replay pay?\n", 1)[1].split("\n## ", 1)[0]
+    results = " ".join(open(os.path.join(ROOT, "docs", "results.md")).read().split())
+    assert section.strip().startswith("**On SmolLM2-135M")
+    quoted = re.findall(r"(?:\d+\.\d\dx |[+-]\d\.\d{3} )?\[[-+\d][^\]]*\]", " ".join(section.split()))
+    assert len(quoted) >= 6
+    for figure in quoted:
+        assert figure in results, figure
