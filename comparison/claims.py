@@ -75,7 +75,9 @@ def pair_figures(summary: dict, pairs: list[tuple[str, str]]) -> dict:
 def number(x: float, kind: str) -> str:
     if math.isinf(x):
         return "not reached"                  # the arm never held (or first reached) the target
-    return f"{x:.2f}x" if kind == "ratio" else f"{x:+.3f}"
+    if kind == "ratio":
+        return f"{x:.2f}x"
+    return f"{x:+.4f}" if 5e-5 <= abs(x) < 5e-4 else f"{x:+.3f}"     # +0.0003 is not +0.000
 
 
 def cell(figs: dict, row: tuple) -> str:
@@ -106,7 +108,8 @@ def staleness_cell() -> str:
     s = read(STALENESS)["settings"]
     last = {k: [r["evals"][-1] for r in s[k]["per_warm_start"].values()] for k in ("y4", "y4, N = 2B")}
     big, small = statistics.fmean(last["y4, N = 2B"]), statistics.fmean(last["y4"])
-    return f"written work, y = 4, 3 runs, no interval: final accuracy {big:.3f} (N = 2B) vs {small:.3f} (N = B)"
+    return (f"another task (written work), y = 4, 3 runs, no interval: last eval {big:.3f} (N = 2B) vs "
+            f"{small:.3f} (N = B)")
 
 
 def table() -> str:
