@@ -159,6 +159,36 @@ def arms_table(path: str = REAL) -> str:
     return "\n".join(lines)
 
 
+# the lr check: on_policy and replay, 2 RL seeds (0, 1), at half, once and twice the comparison's lr
+LR_CHECK = {lr: f"docs/results/smollm2_lrcheck_{lr}.json" for lr in ("1.25e-4", "2.5e-4", "5e-4")}
+
+
+def lr_table(paths: dict = LR_CHECK) -> str:
+    """Replay against on-policy at each lr of the check, as point figures: with 2 replicates a
+    bootstrap has 3 distinct draws, too few for an interval. Final accuracy (the median of the last
+    three evals) per seed and on the mean curve, the mean accuracy over the evals (the area under
+    the curve), tokens to hold on-policy's final accuracy (the ratio on the mean curves), entropy."""
+    lines = ["| lr | final accuracy, on-policy (seeds 0, 1) | replay (seeds 0, 1) | replay - on-policy, "
+             "seeds 0, 1 | mean accuracy over the evals, on-policy / replay | tokens to hold, replay / "
+             "on-policy | entropy, on-policy / replay |", "|---|---|---|---|---|---|---|"]
+    for lr, path in paths.items():
+        s = read(path)
+        runs = {arm: [{k: v for k, v in r.items() if k != "reach"} for r in s["arms"][arm]["replicates"]]
+                for arm in ("on_policy", "replay")}
+        final = {arm: [stats.final_accuracy(r["accuracy"]) for r in rs] for arm, rs in runs.items()}
+        area = {arm: statistics.fmean(stats.sweep_score(r) for r in rs) for arm, rs in runs.items()}
+        fig = stats.figures(runs, s.get("target_frac", 1.0), pairs=[("replay", "on_policy")])
+        ratio = fig["arms"]["replay"]["vs"]["on_policy"]["token_ratio"]
+        seeds = lambda xs, spec: ", ".join(format(x, spec) for x in xs)
+        lines.append(
+            f"| {lr} | {fig['arms']['on_policy']['final_accuracy']:.3f} ({seeds(final['on_policy'], '.3f')}) "
+            f"| {fig['arms']['replay']['final_accuracy']:.3f} ({seeds(final['replay'], '.3f')}) "
+            f"| {seeds([b - a for a, b in zip(final['on_policy'], final['replay'])], '+.3f')} "
+            f"| {area['on_policy']:.3f} / {area['replay']:.3f} | {number(ratio, 'ratio')} "
+            f"| {fig['arms']['on_policy']['entropy']:.3f} / {fig['arms']['replay']['entropy']:.3f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     argparse.ArgumentParser(prog="claims.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
