@@ -17,6 +17,12 @@ def test_docs_results_opens_with_the_table_the_summaries_give():
     assert text.index(table) < text.index("\n## ")          # before the first section: it opens the page
 
 
+def test_the_lr_check_on_the_page_is_what_its_summaries_give():
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    assert claims.lr_table() in text
+    assert len(claims.lr_table().splitlines()) == 2 + len(claims.LR_CHECK)
+
+
 def test_a_figure_the_summary_stores_is_the_same_recomputed():
     """claims.py recomputes from the replicates with the summary's own target rule and draws, so the
     pairs a summary already holds come out exactly as stored (a changed rule or seed would not)."""
