@@ -2,6 +2,9 @@
 
     python comparison/claims.py            # reads the committed summaries; runs nothing
 
+After the table: each arm of the SmolLM2 comparison, the arms of its y = 4 comparison and their
+pairs across the two, and the lr check, each as docs/results.md holds it.
+
 The paper ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706) claims that
 replay (1) per optimizer step can slightly hurt, (2) per generated token learns faster (up to ~40%
 less compute), (3) preserves the policy's entropy, (4) with a larger buffer learns more slowly but
@@ -159,6 +162,41 @@ def arms_table(path: str = REAL) -> str:
     return "\n".join(lines)
 
 
+# y = 4 (issue 41's "if the budget allows"): its own comparison, whose on_policy is the same 5 records
+Y4 = "docs/results/smollm2_y4.json"
+Y4_PAIRS = [("replay_y4", "on_policy"), ("control_y4", "on_policy"), ("replay_y4", "control_y4"),
+            ("replay_y4", "replay")]
+PAIR_COLUMNS = [("tokens to first reach", "first_token_ratio", "ratio"), ("tokens to hold", "token_ratio", "ratio"),
+                ("steps to hold", "step_ratio", "ratio"), ("final accuracy", "accuracy_diff", "diff"),
+                ("fall after reach", "instability_diff", "diff"), ("entropy", "entropy_diff", "diff")]
+
+
+def merged(paths: list[str]) -> dict:
+    """One summary of several comparisons' arms, for pairs across them. They must share the target's
+    runs (the same on_policy replicates) and the bootstrap, so every draw pairs the same seeds."""
+    summaries = [read(p) for p in paths]
+    first = summaries[0]
+    for s in summaries[1:]:
+        same = (s["arms"]["on_policy"]["replicates"] == first["arms"]["on_policy"]["replicates"]
+                and s.get("target_frac", 1.0) == first.get("target_frac", 1.0)
+                and s["args"]["bootstrap"] == first["args"]["bootstrap"])
+        if not same:
+            raise ValueError(f"{paths}: not the same on_policy runs, target or draws; no pair across them")
+    return {**first, "arms": {a: e for s in summaries for a, e in s["arms"].items()}}
+
+
+def pairs_table(paths: tuple = (Y4, REAL), pairs: tuple = tuple(Y4_PAIRS)) -> str:
+    """Each pair's ratios (arm / reference) and differences (arm - reference), point [90% interval],
+    recomputed from the summaries' replicates as the four claims' table is."""
+    figs = pair_figures(merged(paths), pairs)
+    lines = ["| arm vs reference | " + " | ".join(c[0] for c in PAIR_COLUMNS) + " |",
+             "|" + "---|" * (1 + len(PAIR_COLUMNS))]
+    for arm, ref in pairs:
+        cells = [cell(figs, (None, None, arm, ref, key, kind, None)) for _, key, kind in PAIR_COLUMNS]
+        lines.append(f"| {arm} vs {ref} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # the lr check: on_policy and replay, 2 RL seeds (0, 1), at half, once and twice the comparison's lr
 LR_CHECK = {lr: f"docs/results/smollm2_lrcheck_{lr}.json" for lr in ("1.25e-4", "2.5e-4", "5e-4")}
 
@@ -195,3 +233,9 @@ if __name__ == "__main__":
     print(table())
     print(f"\n{REAL}, per arm:\n")
     print(arms_table())
+    print(f"\n{Y4}, per arm:\n")
+    print(arms_table(Y4))
+    print(f"\ny = 4: pairs across {Y4} and {REAL}:\n")
+    print(pairs_table())
+    print("\nthe lr check:\n")
+    print(lr_table())

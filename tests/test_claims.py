@@ -1,5 +1,6 @@
 """The four claims' table (comparison/claims.py) is what the committed summaries give, docs/results.md
 opens with it as printed, and its verdicts say no more than the intervals."""
+import json
 import math
 import os
 
@@ -23,22 +24,68 @@ def test_the_lr_check_on_the_page_is_what_its_summaries_give():
     assert len(claims.lr_table().splitlines()) == 2 + len(claims.LR_CHECK)
 
 
+STORED_KEYS = (("token_ratio", "token_ratio"), ("step_ratio", "step_ratio"),
+               ("first_token_ratio", "first_reach_token_ratio"), ("entropy_diff", "entropy_diff"),
+               ("accuracy_diff", "accuracy_diff"), ("instability_diff", "instability_diff"))
+
+
+def assert_as_stored(figs: dict, stored: dict):
+    for pair, entry in stored.items():
+        point, ci = figs[pair]
+        for key, stored_key in STORED_KEYS:
+            as_stored = [None if math.isinf(x) else x for x in ci[key]]
+            assert as_stored == pytest.approx(entry[stored_key + "_ci"]), (pair, key)
+            assert (None if math.isinf(point[key]) else point[key]) == pytest.approx(entry[stored_key])
+
+
 def test_a_figure_the_summary_stores_is_the_same_recomputed():
     """claims.py recomputes from the replicates with the summary's own target rule and draws, so the
     pairs a summary already holds come out exactly as stored (a changed rule or seed would not)."""
     s = claims.read(claims.REAL)
     figs = claims.pair_figures(s, [("replay", "on_policy"), ("replay_big", "replay"), ("replay", "control")])
-    stored = {("replay", "on_policy"): s["arms"]["replay"],
-              ("replay_big", "replay"): s["arms"]["replay_big"]["vs_smaller_buffer"],
-              ("replay", "control"): s["arms"]["replay"]["vs_control"]}
-    for pair, entry in stored.items():
-        point, ci = figs[pair]
-        for key, stored_key in (("token_ratio", "token_ratio"), ("step_ratio", "step_ratio"),
-                                ("first_token_ratio", "first_reach_token_ratio"),
-                                ("entropy_diff", "entropy_diff"), ("accuracy_diff", "accuracy_diff")):
-            as_stored = [None if math.isinf(x) else x for x in ci[key]]
-            assert as_stored == pytest.approx(entry[stored_key + "_ci"]), (pair, key)
-            assert (None if math.isinf(point[key]) else point[key]) == pytest.approx(entry[stored_key])
+    assert_as_stored(figs, {("replay", "on_policy"): s["arms"]["replay"],
+                            ("replay_big", "replay"): s["arms"]["replay_big"]["vs_smaller_buffer"],
+                            ("replay", "control"): s["arms"]["replay"]["vs_control"]})
+
+
+def test_pairs_across_two_comparisons_keep_each_ones_stored_figures():
+    """Merging y = 4's summary with the comparison's leaves every draw as it was: the pairs either
+    summary stores come out of the merged one exactly as stored, so a pair across them (replay_y4
+    vs replay) is drawn on the same replicates."""
+    y4, real = claims.read(claims.Y4), claims.read(claims.REAL)
+    both = claims.merged([claims.Y4, claims.REAL])
+    assert set(both["arms"]) == {"on_policy", "replay_y4", "control_y4", "replay", "replay_big", "control"}
+    figs = claims.pair_figures(both, claims.Y4_PAIRS + [("replay", "on_policy"), ("replay", "control")])
+    assert_as_stored(figs, {("replay_y4", "on_policy"): y4["arms"]["replay_y4"],
+                            ("control_y4", "on_policy"): y4["arms"]["control_y4"],
+                            ("replay_y4", "control_y4"): y4["arms"]["replay_y4"]["vs_control"],
+                            ("replay", "on_policy"): real["arms"]["replay"],
+                            ("replay", "control"): real["arms"]["replay"]["vs_control"]})
+
+
+def test_summaries_of_other_on_policy_runs_or_draws_are_not_merged(tmp_path):
+    """A pair across comparisons means something only if both drew the same target's runs with the
+    same draws: other on_policy runs, or another bootstrap count, are refused."""
+    def variant(change) -> str:
+        s = claims.read(claims.Y4)
+        change(s)
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps(s))
+        return str(path)
+    other_run = variant(lambda s: s["arms"]["on_policy"]["replicates"][0]["accuracy"].__setitem__(-1, 0.99))
+    other_draws = variant(lambda s: s["args"].__setitem__("bootstrap", 1000))
+    for path in (other_run, other_draws):
+        with pytest.raises(ValueError, match="not the same on_policy runs"):
+            claims.merged([path, claims.REAL])
+    assert claims.merged([variant(lambda s: None), claims.REAL])["arms"].keys() >= {"replay_y4", "replay"}
+
+
+def test_the_y4_comparison_on_the_page_is_what_its_summaries_give():
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    section = text[text.index("## A real language model"):text.index("## The demo model")]
+    assert claims.arms_table(claims.Y4) in section and claims.pairs_table() in section
+    assert claims.arms_table() in section
+    assert len(claims.pairs_table().splitlines()) == 2 + len(claims.Y4_PAIRS)
 
 
 @pytest.mark.parametrize("interval, kind, side, words", [
@@ -94,10 +141,10 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
     text = open(os.path.join(ROOT, "docs", "results.md")).read()
     prose = text[text.index(claims.table()) + len(claims.table()):text.index("## The demo model")]
     known = set()
-    for name in ("smollm2_filtered.json", "smollm2_filtered_half.json", "default_lr1e-3_early.json",
-                 "tuned_early.json"):
+    for name in ("smollm2_filtered.json", "smollm2_filtered_half.json", "smollm2_y4.json",
+                 "default_lr1e-3_early.json", "tuned_early.json"):
         stated_figures(claims.read(f"docs/results/{name}"), known)
-    table = claims.table() + claims.arms_table()
+    table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
     quoted = re.findall(r"(?:(?:\d+\.\d\dx|[+-]\d\.\d{3,4}) )?\[[-+\d][^\]]*\]", " ".join(prose.split()))
     assert len(quoted) >= 15
     for figure in quoted:
