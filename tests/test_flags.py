@@ -291,12 +291,12 @@ def test_a_train_flag_reaches_the_config_or_is_refused(dest, context, world, cap
     assert dest in TRAIN, f"{TRAIN_FLAGS[dest]}: no line in TRAIN (tests/test_flags.py); add one"
     text, lines, only = TRAIN[dest]
     line, flag = lines[CONTEXTS.index(context)], "--" + dest.replace("_", "-")
-    if "--report-to tensorboard" in text:         # cli refuses it when tensorboard is missing
-        request.getfixturevalue("optional")("tensorboard", "--report-to tensorboard")
     assert line in (CONFIG, REFUSED), (dest, line)
     assert only in TRAIN_HELP[dest], f"{flag}: its --help should say where it acts ({only!r})"
     argv = shlex.split(world.fill(text))
     value = vars(cli.build_parser(train.Config, explicit_only=True).parse_args(argv))[dest]   # as typed
+    if "--report-to tensorboard" in text:         # cli refuses it when tensorboard is missing
+        request.getfixturevalue("optional")("tensorboard", "--report-to tensorboard")
     if context == "compare.py --train-args":
         runs = request.getfixturevalue("compare_runs")
         call = lambda: compare.main(["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE
