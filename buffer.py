@@ -28,8 +28,9 @@ Variants (off by default; the method is the plain FIFO above), from the paper's 
 
 Tokens are stored unpadded (one 1-D tensor per rollout); ``collate`` pads a sampled
 batch only when it is used. Of the rollouts that have left the buffer, it counts how often each had
-been used (``left_by_uses``): the replay ratio as measured, which the filter and the staleness cap
-move away from K*B/R.
+been used (``left_by_uses``): the replay ratio as measured. Its planned value y = K*B/R counts as R
+the rollouts *stored* a round: the filter stores fewer than are generated, and the staleness cap
+drops some before they are used that often.
 """
 from __future__ import annotations
 
@@ -42,17 +43,20 @@ import torch
 class Rollout:
     """One sampled completion and everything the loss needs to replay it later.
 
-    prompt_ids:      [prompt_len] prompt token ids (no padding)
+    prompt_ids:      [its length] prompt token ids (no padding)
     completion_ids:  [its length] completion token ids, up to and including the first EOS
                      (no EOS when generation hit max_new_tokens); no padding
     behaviour_logp:  [its length] log mu(o_t | o_<t): log-prob of each completion token under
                      the policy that sampled it (mu), at the sampling temperature T
     reward:          scalar reward of the completion
-    advantage:       group-normalized advantage, fixed at generation time (never recomputed)
+    advantage:       A = (r - mean r) / (sample std r + 1e-4) in its group, fixed at generation
+                     time (never recomputed)
     policy_version:  optimizer steps taken by the policy that generated it
-    baseline:        mean reward of its group (the value estimate V of AsymRE)
-    uses:            how many training batches it has been part of so far
+    baseline:        V, the mean reward of its group (AsymRE's r - (V - tau) needs it)
     temperature:     T it was sampled at: the loss must take log pi_theta at the same T
+    uses:            how many training batches it has been part of so far
+    baseline and temperature have no default: a default of 0 or 1 that the loss reads would pass
+    its guards silently (AsymRE's coefficient, the temperature check).
     """
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
@@ -60,9 +64,9 @@ class Rollout:
     reward: float
     advantage: float
     policy_version: int
-    baseline: float = 0.0
+    baseline: float
+    temperature: float
     uses: int = 0
-    temperature: float = 1.0
 
 
 def zero_advantage_filter_fits(loss_type: str | None, beta: float) -> bool:
@@ -204,19 +208,25 @@ class ReplayBuffer:
             "left_by_uses": torch.tensor(self.left_by_uses, dtype=torch.long),
         }
 
-    def load_state_dict(self, state: dict[str, torch.Tensor], temperature: float = 1.0) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor],
+                        temperature: float | None = None) -> None:
         """The buffer of ``state_dict``. temperature: the T of a buffer saved before rollouts kept
-        their own (the run's --temperature)."""
+        their own (the run's --temperature); such a buffer without it raises."""
         prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
         completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
         logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
-        temperature = state.get("temperature",
-                                torch.full((len(prompts),), temperature, dtype=torch.float64))
+        if "temperature" in state:
+            temperatures = state["temperature"].tolist()
+        elif temperature is None:
+            raise ValueError("this buffer was saved before rollouts kept their temperature: pass "
+                             "the T they were sampled at")
+        else:
+            temperatures = [temperature] * len(prompts)
         self.items = [Rollout(p.clone(), c.clone(), lp.clone(), reward=state["reward"][i].item(),
                               advantage=state["advantage"][i].item(),
                               policy_version=int(state["policy_version"][i]),
                               baseline=state["baseline"][i].item(), uses=int(state["uses"][i]),
-                              temperature=temperature[i].item())
+                              temperature=temperatures[i])
                       for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
         self.generator.set_state(state["generator_state"])
         # a checkpoint older than this count: none counted as gone
@@ -229,11 +239,11 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
 
     Prompts are left-padded and completions right-padded, so every completion starts at the
     same column (prompt_len = the longest prompt):   [pad pad p p p | c c c EOS pad]
-    Returns, with batch = len(rollouts) and completion_len = the longest completion:
-      input_ids, attention_mask, position_ids: [batch, prompt_len + completion_len]
-      completion_mask:  [batch, completion_len]  1 on real completion tokens (EOS included), 0 on
+    Returns, with batch = len(rollouts) and max_len = the longest completion:
+      input_ids, attention_mask, position_ids: [batch, prompt_len + max_len]
+      completion_mask:  [batch, max_len]  1 on real completion tokens (EOS included), 0 on
                         padding
-      behaviour_logp:   [batch, completion_len]  (0 on padding)
+      behaviour_logp:   [batch, max_len]  (0 on padding)
       advantage, reward, baseline:  [batch]
       temperature:      the T they were sampled at (a float; rollouts of different T raise)
       age:              [batch]  policy_version (the current policy's) minus each rollout's, only
@@ -268,22 +278,22 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
 
 def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tensor]:
     """collate's token tensors: input_ids, attention_mask, position_ids [batch, prompt_len +
-    completion_len], completion_mask and behaviour_logp [batch, completion_len]."""
+    max_len], completion_mask and behaviour_logp [batch, max_len]."""
     prompt_lens = torch.tensor([len(rollout.prompt_ids) for rollout in rollouts])
     completion_lens = torch.tensor([len(rollout.completion_ids) for rollout in rollouts])
-    prompt_len, completion_len = int(prompt_lens.max()), int(completion_lens.max())
+    prompt_len, max_len = int(prompt_lens.max()), int(completion_lens.max())
     # Masks of the cells that hold prompt and completion tokens. Boolean-mask assignment fills
     # cells in row-major order, so writing the concatenated tokens through a mask places every
     # rollout's tokens in its row: a per-rollout copy in a few vectorized ops.
-    column = torch.arange(prompt_len + completion_len)
+    column = torch.arange(prompt_len + max_len)
     prompt_cells = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
     completion_cells = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
-    input_ids = torch.full((len(rollouts), prompt_len + completion_len), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(rollouts), prompt_len + max_len), pad_id, dtype=torch.long)
     input_ids[prompt_cells] = torch.cat([rollout.prompt_ids for rollout in rollouts])
     input_ids[completion_cells] = torch.cat([rollout.completion_ids for rollout in rollouts])
     attention_mask = (prompt_cells | completion_cells).long()
     completion_mask = completion_cells[:, prompt_len:]
-    behaviour_logp = torch.zeros((len(rollouts), completion_len))
+    behaviour_logp = torch.zeros((len(rollouts), max_len))
     behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             # real tokens, as generate

@@ -4,11 +4,11 @@
 
 Each round: sample G completions for each of P prompts with the current policy, storing for every
 token o_t its behaviour log-prob log mu(o_t) and for every completion its group-normalized advantage
-A = (r - mean(r)) / (std(r) + 1e-4), 0 for a group of equal rewards. Add the R = P x G new rollouts
-to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it uniformly. With R = 128
-and B = N = 256 each rollout is used twice (replay ratio y = K*B/R = 2), once fresh and once a step
-stale. The staleness is corrected by truncated importance weights (w_t without gradient; token
-mean over the batch):
+A = (r - mean(r)) / (std(r) + 1e-4) (the sample std), 0 for a group of equal rewards. Add the
+R = P x G new rollouts to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it
+uniformly. With R = 128 and B = N = 256 each rollout is used twice (replay ratio y = K*B/R = 2),
+once fresh and once a step stale. The staleness is corrected by truncated importance weights
+(w_t without gradient; token mean over the batch):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
 train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
 checks that the update here gives train.py's loss and gradient.
@@ -34,27 +34,38 @@ ROUNDS, EVAL_EVERY = 100, 25
 
 def update(model, optimizer, rollouts, pad_id: int, *, temperature: float, is_cap: float,
            max_grad_norm: float = 1.0) -> dict:
-    """One truncated-IS policy-gradient step on a batch of rollouts, on the model's device; the loss
-    and metrics. temperature: the T the rollouts were sampled at; is_cap: C."""
+    """One truncated-IS policy-gradient step on a batch of rollouts, on the model's device, skipped
+    if its loss or gradient is NaN/inf; the loss and metrics. temperature: the T the rollouts were
+    sampled at; is_cap: C."""
     device = next(model.parameters()).device
     cols = collate(rollouts, pad_id, device=device)     # padded: tokens, masks, logp, advantages
-    # log pi_theta(o_t), [batch, completion_len]
+    # log pi_theta(o_t), [batch, max_len]
     logp, _ = completion_logp(model, cols, temperature)
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=is_cap)
     optimizer.zero_grad()
     loss.backward()
     # a guard against a rare huge step (one batch of unlucky ratios), not part of the method
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                   max_grad_norm)
-    optimizer.step()
-    return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()}}
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                               max_grad_norm)
+    skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))   # NaN/inf: poison for good
+    if not skipped:
+        optimizer.step()
+    return {"loss": loss.item(), "skipped": int(skipped),
+            **{k: v.item() for k, v in metrics.items()}}
+
+
+def evaluate(model, tokenizer, task, eval_prompts: int) -> float:
+    """Greedy accuracy on the first eval_prompts held-out prompts."""
+    model.eval()
+    return greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts], task.reward,
+                           max_new_tokens=task.max_new_tokens)
 
 
 def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int = 500, seed: int = 0,
          log=print) -> list[float]:
-    """Train the demo model; returns the held-out greedy accuracy at round 0, every eval_every
-    rounds and at the end."""
+    """Train the demo model; returns the held-out greedy accuracy at round 0 (before any), every
+    eval_every rounds and at the end. Rounds count from 1, as in train.py."""
     if B > N:
         raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would "
                          "train")
@@ -71,15 +82,9 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer = ReplayBuffer(N, seed=seed)
-    step, accuracy = 0, []
-    for i in range(rounds + 1):                     # round i
-        if i % eval_every == 0 or i == rounds:
-            model.eval()
-            accuracy.append(greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts],
-                                            task.reward, max_new_tokens=task.max_new_tokens))
-            log(f"round {i}: held-out accuracy {accuracy[-1]:.3f}")
-        if i == rounds:
-            return accuracy
+    step, accuracy = 0, [evaluate(model, tokenizer, task, eval_prompts)]
+    log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
+    for round_ in range(1, rounds + 1):
         model.eval()        # generate: the behaviour log-probs are recorded while sampling
         prompts = rng.sample(task.train_prompts, P)
         rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward,
@@ -93,9 +98,13 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                              temperature=TEMPERATURE, is_cap=IS_CAP)
             step += 1
             if step % 10 == 0:
-                log(f"round {i}: reward {stats['reward']:.2f}, is_ratio_mean "
+                log(f"round {round_}: reward {stats['reward']:.2f}, is_ratio_mean "
                     f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
                     f"{metrics['is_truncated_frac']:.3f}")
+        if round_ % eval_every == 0 or round_ == rounds:
+            accuracy.append(evaluate(model, tokenizer, task, eval_prompts))
+            log(f"round {round_}: held-out accuracy {accuracy[-1]:.3f}")
+    return accuracy
 
 
 if __name__ == "__main__":

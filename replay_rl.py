@@ -7,13 +7,13 @@
     loss_type "ppo", the clipped GRPO/PPO objective with mu as the "old" policy:
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - epsilon, 1 + epsilon) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
-        L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = mean reward of the group
+        L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = the baseline, the group's mean
         (policy_loss takes r and V as ``reward`` and ``baseline`` and forms the coefficient itself:
         not the group-normalized A; tau > 0 favours what went right over what went wrong)
     normalization "token_mean": divide by the number of completion tokens in the batch;
                   "sequence_mean": average over tokens within a sequence, then over sequences.
     beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them
-        (pi_ref: the base model, adapter off).
+        (pi_ref: the base model, adapter off; not the metric approx_kl, KL(mu || pi_theta)).
 With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
 -A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
 
@@ -21,8 +21,8 @@ Read in this order: completion_logp (log pi_theta), policy_loss (the formulas ab
 helpers log_pi_coefficient, masked_mean, loss_metrics), update_step (one plain optimizer step, its
 loss from batch_loss: log pi_theta, and with beta > 0 the reference's, then policy_loss).
 Below them, engineering that changes nothing of the method: update_step_engineered, the step
-train.py takes (micro-batches, torchrun, fp16 loss scaling, NaN skips, the batch's figures), and
-chunked_completion_logp, completion_logp's values without its [batch, completion_len, vocab] logits.
+train.py takes (micro-batches, torchrun, fp16 loss scaling, the batch's figures), and
+chunked_completion_logp, completion_logp's values without its [batch, max_len, vocab] logits.
 """
 from __future__ import annotations
 
@@ -83,12 +83,12 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
 
     Returns (peft_model, tokenizer): pi_theta, with only the LoRA weights trainable. For exact
     importance ratios the model samples with only the settings rollout.py passes (the checkpoint's
-    own generation defaults are dropped) and without dropout, so on fresh data rho = 1.
+    own generation defaults are dropped: rollout.py overrides or refuses them anyway) and without
+    dropout, so on fresh data rho = 1.
     tokenizer: one from ``load_tokenizer`` (else loaded here). load_in_4bit: nf4 weights with
     double quantization, computing in ``dtype``. lora_alpha: None gives 2 * lora_r (LoRA's scale
-    alpha / r = 2); train.py passes --lora-alpha, 32 whatever r (the same at its r = 16).
-    gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
-    Size: 10 keywords, one per loading choice train.py's flags make.
+    lora_alpha / lora_r = 2); train.py passes --lora-alpha, 32 whatever lora_r (the same at its
+    16). gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -155,33 +155,31 @@ def load_base_model(name_or_path: str, *, load_in_4bit: bool, device: str, dtype
 def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
     """log pi_theta(o_t | o_<t) of every completion column, and the policy entropy there.
 
-    cols from ``collate``: input_ids [batch, prompt_len + completion_len], completion_mask
-    [batch, completion_len]. The logits at column j predict token j + 1, so the completion tokens
-    (columns prompt_len .. prompt_len + completion_len - 1) are scored by the logits one column
-    to their left; only those completion_len columns are materialized. The logits are divided by
+    cols from ``collate``: input_ids [batch, prompt_len + max_len], completion_mask [batch, max_len]
+    (max_len: the batch's longest completion). The logits at column j predict token j + 1, so the
+    completion tokens (columns prompt_len .. prompt_len + max_len - 1) are scored by the logits one
+    column to their left; only those max_len columns are materialized. The logits are divided by
     the sampling temperature T, as they were when mu sampled (rollouts that record another T raise).
-    Returns logp [batch, completion_len] (with gradient) and entropy [batch, completion_len] (no
-    gradient).
+    Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient).
     """
     check_temperature(cols, temperature)
-    completion_len = cols["completion_mask"].shape[1]
+    max_len = cols["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
-                position_ids=cols["position_ids"][:, :-1], logits_to_keep=completion_len)
-    # z: the logits (the README's z_t); u = z / T over the vocabulary v; Z = sum_v exp(u_v), the
-    # normalizer (a sum, not the logits); p_v = exp(u_v) / Z, so
-    # log pi_theta(o_t) = u_{o_t} - log Z.
-    # Engineering: each full-vocabulary pass over [batch, completion_len, vocab] costs as much as a
+                position_ids=cols["position_ids"][:, :-1], logits_to_keep=max_len)
+    # z: the logits (the README's z_t); u = z / T over the vocabulary v; p_v = softmax(u)_v, so
+    # log pi_theta(o_t) = u_{o_t} - log_sum_exp, with log_sum_exp = log sum_v exp(u_v).
+    # Engineering: each full-vocabulary pass over [batch, max_len, vocab] costs as much as a
     # small matmul (docs/gpu.md): no division when T = 1, and the entropy's sum_v p_v u_v as a
-    # batched dot product (einsum), without a [batch, completion_len, vocab] product in between.
-    z = out.logits.float()                                          # [batch, completion_len, vocab]
+    # batched dot product (einsum), without a [batch, max_len, vocab] product in between.
+    z = out.logits.float()                                          # [batch, max_len, vocab]
     u = z / temperature if temperature != 1.0 else z                # the same tensor when T = 1
-    tokens = cols["input_ids"][:, -completion_len:]
-    log_z = torch.logsumexp(u, dim=-1)                              # log Z, [batch, completion_len]
-    logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_z
-    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log Z - sum_v p_v u_v
-        entropy = log_z - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
+    tokens = cols["input_ids"][:, -max_len:]
+    log_sum_exp = torch.logsumexp(u, dim=-1)                        # [batch, max_len]
+    logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_sum_exp
+    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log_sum_exp - sum_v p_v u_v
+        entropy = log_sum_exp - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
     return logp, entropy
 
 
@@ -206,27 +204,28 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 epsilon: float = 0.2, normalization: str = "token_mean",
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 reward: torch.Tensor | None = None, baseline: torch.Tensor | None = None,
-                asymre_tau: float = 0.1):
+                asymre_tau: float = 0.1, num_items_in_batch: int | None = None):
     """The off-policy policy-gradient loss of the module docstring; returns (loss, metrics).
 
-    logp, behaviour_logp, mask: [batch, completion_len];  advantage A: [batch], one per rollout.
-    asymre takes reward r and baseline V [batch] instead. coef: what multiplies log pi, A (tis, ppo)
-    or r - (V - tau) (asymre).  is_cap = C: the cap of the importance sampling ("is_") weight.
-    beta > 0: + beta * KL to the reference log-probs ref_logp [batch, completion_len], per token
+    logp, behaviour_logp, mask: [batch, max_len];  advantage A: [batch], one per rollout. asymre
+    takes reward r and baseline V [batch] instead. coef: what multiplies log pi, A (tis, ppo) or
+    r - (V - tau) (asymre).  is_cap = C: the cap of the importance sampling ("is_") weight.
+    beta > 0: + beta * KL to the reference log-probs ref_logp [batch, max_len], per token
     kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t): GRPO's estimate of
     KL(pi_theta || pi_ref), exact in expectation over tokens drawn from pi_theta. Here they were
     drawn from mu (stale, on replay) and the term is not importance-weighted: an approximation.
-    Size: 13 keywords, one per symbol of the formulas and per loss variant, each found by name."""
+    Gradient accumulation: the mean of micro-batches' losses is not the batch's loss (token_mean
+    weighs every token alike, not every micro-batch). Pass each micro-batch num_items_in_batch,
+    the whole batch's tokens (token_mean) or rollouts (sequence_mean), and sum the losses."""
     if is_cap < 1 or not 0 < epsilon < 1 or beta < 0 or (beta > 0 and ref_logp is None):
         raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
                          f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
                          "one is out of range")
-    # [batch, 1]
     coef = log_pi_coefficient(advantage, logp, loss_type, reward, baseline, asymre_tau)
     real = mask > 0         # selects (torch.where), never multiplies: NaN * 0 at padding is NaN
     logp, behaviour_logp = torch.where(real, logp, 0.0), torch.where(real, behaviour_logp, 0.0)
     log_rho = logp - behaviour_logp
-    rho = torch.exp(log_rho)                                      # rho_t, [batch, completion_len]
+    rho = torch.exp(log_rho)                                      # rho_t, [batch, max_len]
     if loss_type == "tis":
         w = rho.detach().clamp(max=is_cap)                        # w_t = min(rho_t, C): no gradient
         per_token = -w * coef * logp
@@ -234,11 +233,10 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         per_token = -torch.minimum(rho * coef, rho.clamp(1 - epsilon, 1 + epsilon) * coef)
     else:                                                         # asymre: no ratio at all
         per_token = -coef * logp
-    loss = masked_mean(per_token, mask, normalization)
-    kl = None
+    loss, kl = masked_mean(per_token, mask, normalization, num_items_in_batch), None
     if beta > 0:
         d = torch.where(real, ref_logp, 0.0) - logp
-        kl = masked_mean(torch.exp(d) - d - 1, mask, normalization)
+        kl = masked_mean(torch.exp(d) - d - 1, mask, normalization, num_items_in_batch)
         loss = loss + beta * kl
     return loss, loss_metrics(rho, log_rho, coef, mask, loss_type, is_cap, epsilon, kl)
 
@@ -247,8 +245,8 @@ def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=No
                        asymre_tau: float = 0.1):
     """What multiplies log pi_theta for each rollout, as [batch, 1]: the advantage A (tis, ppo), or
     asymre's r - (V - tau), which is not the group-normalized A. Anything but one value per rollout
-    raises: a per-token [batch, completion_len] would broadcast against logp to [batch, batch,
-    completion_len] and give a wrong loss without an error."""
+    raises: a per-token [batch, max_len] would broadcast against logp to [batch, batch,
+    max_len] and give a wrong loss without an error."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
     if loss_type == "asymre":
@@ -266,20 +264,22 @@ def log_pi_coefficient(advantage, logp, loss_type: str, reward=None, baseline=No
     return coef[:, None]
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor,
-                normalization: str = "token_mean") -> torch.Tensor:
-    """The mean of x [batch, completion_len] over the real tokens (mask 1).
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token_mean",
+                num_items_in_batch: int | None = None) -> torch.Tensor:
+    """The mean of x [batch, max_len] over the real tokens (mask 1).
     token_mean: sum over every token of the batch / the batch's tokens. The tokens of rollouts with
     A = 0 count in the denominator though they add nothing to the sum: when most of a batch's
     groups are all-equal, the step is several times smaller than over the other tokens alone
     (GRPO's convention; the lr absorbs it). sequence_mean: the mean within each sequence, then
-    over the sequences."""
+    over the sequences. num_items_in_batch: when x is one micro-batch of a larger batch, that
+    batch's tokens (token_mean) or sequences (sequence_mean), the divisor in place of this one's:
+    the micro-batches' results then add up to the batch's mean."""
     # not x * mask: a NaN or inf at padding would poison the sum
     x = torch.where(mask > 0, x, 0.0)
     if normalization == "token_mean":
-        return x.sum() / mask.sum().clamp(min=1)
+        return x.sum() / (num_items_in_batch or mask.sum().clamp(min=1))
     if normalization == "sequence_mean":
-        return (x.sum(1) / mask.sum(1).clamp(min=1)).mean()
+        return (x.sum(1) / mask.sum(1).clamp(min=1)).sum() / (num_items_in_batch or len(x))
     raise ValueError(f"unknown normalization {normalization!r}, expected one of {NORMALIZATIONS}")
 
 
@@ -310,8 +310,7 @@ def loss_metrics(rho, log_rho, coef, mask, loss_type: str, is_cap: float, epsilo
 
 def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0, beta: float = 0.0,
                log_probs=None, **loss_args):
-    """policy_loss of the model on collated rollouts: (loss, metrics,
-    entropy [batch, completion_len]).
+    """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, max_len]).
     The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off.
     log_probs: completion_logp (None), or a function of its arguments with the same values."""
     log_probs = log_probs or completion_logp
@@ -330,7 +329,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
                 temperature: float = 1.0, beta: float = 0.0, max_grad_norm: float = 1.0,
                 **loss_args) -> dict:
     """One optimizer step on a batch of rollouts, the plain form: one forward over the batch at the
-    sampling temperature, the loss against the stored behaviour log-probs, backward, clip, step.
+    sampling temperature, the loss against the stored behaviour log-probs, backward, clip, step;
+    a step whose loss or gradient is NaN/inf is skipped (metrics["skipped"] = 1).
     loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau).
     train.py runs update_step_engineered: the same step, with the engineering (it is tested equal).
     """
@@ -342,10 +342,13 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # the clip guards against a rare huge step (one batch of unlucky ratios); it is not the method
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    # a NaN/inf step would poison the weights and AdamW's moments for good: skip it
+    skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
+    if not skipped:
+        optimizer.step()
     return {"loss": loss.item(), **{k: v.item() for k, v in metrics.items()},
-            "grad_norm": grad_norm.item(), "age_mean": cols["age"].mean().item(),
-            "age_max": cols["age"].max().item()}
+            "grad_norm": grad_norm.item(), "skipped": int(skipped),
+            "age_mean": cols["age"].mean().item(), "age_max": cols["age"].max().item()}
 
 
 # ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
@@ -355,25 +358,23 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
                            max_grad_norm: float = 1.0, loss_scale: float = 1.0,
                            logp_chunk: int = 0, **loss_args) -> dict:
     """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
-    - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch loss
-      is scaled by its share of the batch (tokens for token_mean, sequences for sequence_mean), so
-      the accumulated gradient equals that of the whole batch at once;
+    - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch's
+      loss is divided by the whole batch's tokens (token_mean) or sequences (sequence_mean),
+      policy_loss's num_items_in_batch, so the accumulated gradient is the whole batch's;
     - under torchrun each process passes its share of the batch; the step and the metrics are
       those of the whole batch, the same on every process, at three collectives a step: the
       batch's counts, the gradients with the metric sums, the maxima;
-    - loss_scale S, for float16 base weights (FP16_LOSS_SCALE): backward runs on S * L and the
-      gradients are divided by S before clipping, g = grad(S * L) / S = grad(L), the same step; in
-      between, the gradients of the fp16 activations are S times larger, so the small ones do not
+    - loss_scale, for float16 base weights (FP16_LOSS_SCALE): backward runs on loss_scale * L and
+      the gradients are divided by loss_scale before clipping, the same step; in between, the
+      gradients of the fp16 activations are loss_scale times larger, so the small ones do not
       underflow to 0 (fp16's smallest normal is 6e-5). One that overflows is inf: the step is
       skipped;
-    - a step whose loss or gradient is not finite is skipped (metrics["skipped"] = 1): the weights
-      and the optimizer state stay as they were;
+    - a step whose loss or gradient is not finite is skipped, as in update_step;
     - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts;
     - logp_chunk > 0: log pi_theta from chunked_completion_logp, that many tokens at a time: the
       same values, with the logits' memory bounded by the chunk, not by
       micro-batch x length x vocab.
-    Size: update_step's keywords and one per piece of engineering above, in one loop that a reader
-    skips at first (the README's reading order does).
+    It is longer than the rest: one loop holds all of the above, and a first reading skips it.
     """
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
@@ -390,22 +391,23 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     log_probs = None                                        # batch_loss's default: completion_logp
     if logp_chunk:
         log_probs = lambda m, c, t: chunked_completion_logp(m, c, t, logp_chunk)
+    # the divisor of every micro-batch's loss: the whole batch's (policy_loss's num_items_in_batch)
+    count = total_tokens if normalization == "token_mean" else total_sequences
     optimizer.zero_grad(set_to_none=True)
     for i in range(0, len(rollouts), micro):
         chunk = rollouts[i:i + micro]
         cols = collate(chunk, pad_id, policy_version, device=device)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
-                                      normalization=normalization, log_probs=log_probs, **loss_args)
-        # on the host
+                                      normalization=normalization, log_probs=log_probs,
+                                      num_items_in_batch=count, **loss_args)
+        (loss * loss_scale).backward()
+        # the figures: token means in every normalization; loss and ref_kl add up as they come
         token_share = sum(len(rollout.completion_ids) for rollout in chunk) / total_tokens
-        share = token_share if normalization == "token_mean" else len(chunk) / total_sequences
-        (loss * share * loss_scale).backward()
-        # token means in every normalization; loss and ref_kl normalized like the loss
         with torch.no_grad():
-            sums += torch.stack([loss * share, m["is_ratio_mean"] * token_share,
+            sums += torch.stack([loss, m["is_ratio_mean"] * token_share,
                                  m["is_truncated_frac"] * token_share, m["approx_kl"] * token_share,
                                  masked_mean(entropy, cols["completion_mask"]) * token_share]
-                                + ([m["ref_kl"] * share] if beta > 0 else [])).double()
+                                + ([m["ref_kl"]] if beta > 0 else [])).double()
             ratio_max = torch.maximum(ratio_max, m["is_ratio_max"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sums = _unscale_and_sum_gradients(params, sums, loss_scale)
@@ -418,7 +420,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     metrics = dict(zip(names, values))
     skipped = _step_unless_not_finite(optimizer, metrics["loss"], grad_norm)
     # uses_mean: the uses of this batch's rollouts so far, this one included (a rollout replayed
-    # twice counts 2 here); the run's "each used y times" is rollouts trained / generated instead
+    # twice counts 2 here); the run's "each used y times" is rollouts trained / stored instead
     return {**metrics, "skipped": int(skipped), "is_ratio_max": ratio_max, "grad_norm": grad_norm,
             "age_mean": age_sum / total_sequences, "age_max": age_max,
             "uses_mean": uses_sum / total_sequences}
@@ -463,11 +465,11 @@ def _over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t
 
 
-# ---- Engineering: completion_logp without the [batch, completion_len, vocab] logits ----------
+# ---- Engineering: completion_logp without the [batch, max_len, vocab] logits ----------
 def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0,
                             chunk: int = LOGP_CHUNK):
-    """completion_logp's (logp, entropy), [batch, completion_len] each, with the logits of at most
-    ``chunk`` tokens alive at a time instead of all batch x completion_len of them.
+    """completion_logp's (logp, entropy), [batch, max_len] each, with the logits of at most
+    ``chunk`` tokens alive at a time instead of all batch x max_len of them.
 
     The decoder (the model without its lm_head) gives the hidden states h of the columns that score
     the completion tokens, one to their left as in completion_logp; _HeadLogp applies the lm_head
@@ -485,14 +487,14 @@ def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: f
             or type(head) is not torch.nn.Linear
             or any(p.requires_grad for p in head.parameters())):
         return completion_logp(model, cols, temperature)
-    completion_len = cols["completion_mask"].shape[1]
-    # use_cache=False: a training forward needs no KV cache, which would hold every layer's K, V
+    max_len = cols["completion_mask"].shape[1]
+    # use_cache=False: a training forward needs no cache of every layer's attention keys and values
     hidden = causal_lm.get_decoder()(
         input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
         position_ids=cols["position_ids"][:, :-1], use_cache=False).last_hidden_state
-    real = cols["completion_mask"].bool()                            # [batch, completion_len]
-    tokens = cols["input_ids"][:, -completion_len:][real]            # o_t, [n] real tokens
-    logp, entropy = _HeadLogp.apply(hidden[:, -completion_len:][real], head.weight, head.bias,
+    real = cols["completion_mask"].bool()                            # [batch, max_len]
+    tokens = cols["input_ids"][:, -max_len:][real]            # o_t, [n] real tokens
+    logp, entropy = _HeadLogp.apply(hidden[:, -max_len:][real], head.weight, head.bias,
                                     tokens, temperature, chunk)      # [n] each
     zeros = torch.zeros(real.shape, device=logp.device)
     return zeros.masked_scatter(real, logp), zeros.masked_scatter(real, entropy)
@@ -501,10 +503,11 @@ def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: f
 class _HeadLogp(torch.autograd.Function):
     """log pi_theta(o_t) and the entropy of n tokens from their hidden states, ``chunk`` at a time.
 
-    h: [n, hidden], W: the lm_head [vocab, hidden] (b its bias or None), o: [n] tokens, T the
-    temperature.  u = (W h + b) / T;  p = softmax(u);  log pi(o) = u_o - log sum_v exp(u_v);
-    H = log sum_v exp(u_v) - sum_v p_v u_v.   The gradient of log pi(o_t) with respect to h_t is
-        d log pi(o_t) / d h_t = W^T (e_o - p) / T          (e_o: the one-hot of o_t)
+    h: [n, hidden], weight: the lm_head's [vocab, hidden] (bias: its own or None), o: [n] tokens,
+    T the temperature.  u = (weight h + bias) / T;  p = softmax(u);
+    log pi(o) = u_o - log sum_v exp(u_v);  H = log sum_v exp(u_v) - sum_v p_v u_v.
+    The gradient of log pi(o_t) with respect to h_t is
+        d log pi(o_t) / d h_t = weight^T (e_o - p) / T          (e_o: the one-hot of o_t)
     one vector of the hidden size per token. So the forward keeps that ([n, hidden]) instead of
     the logits, and the backward is grad_h_t = grad_logp_t * it: nothing of [n, vocab] is kept or
     recomputed, and the matmuls are those of the plain path (the head's forward and its backward
@@ -522,18 +525,18 @@ class _HeadLogp(torch.autograd.Function):
             u = torch.nn.functional.linear(hidden[start:start + chunk], weight, bias).float()
             if temperature != 1.0:
                 u.div_(temperature)         # in place: u is this chunk's own tensor  [c, vocab]
-            # the log-softmax shifted by the row maximum (as logsumexp does): u - max, then exp
+            # from here u holds u - max_v u_v (in place, as logsumexp shifts): the same log-probs
             u.sub_(u.max(-1, keepdim=True).values)
             p = u.exp()
-            Z = p.sum(-1, keepdim=True)     # the normalizer (not the logits z)
-            p.div_(Z)                                                        # softmax, [c, vocab]
-            log_z = Z.log().squeeze(-1)         # log Z of the shifted u: log pi = u_o - log Z
-            logp.append(u.gather(-1, o).squeeze(-1) - log_z)
-            entropy.append(log_z - torch.einsum("cv,cv->c", p, u))
+            sum_exp = p.sum(-1, keepdim=True)
+            p.div_(sum_exp)                                                  # softmax, [c, vocab]
+            log_sum_exp = sum_exp.log().squeeze(-1)          # of the shifted u: log pi = u_o - it
+            logp.append(u.gather(-1, o).squeeze(-1) - log_sum_exp)
+            entropy.append(log_sum_exp - torch.einsum("cv,cv->c", p, u))
             del u                           # two [c, vocab] fp32 tensors at most are alive at once
             if ctx.needs_input_grad[0]:
                 p.scatter_add_(-1, o, torch.full_like(o, -1, dtype=p.dtype))      # p - e_o
-                grad_dirs.append(torch.mm(p.to(weight.dtype), weight))          # W^T (p - e_o)
+                grad_dirs.append(torch.mm(p.to(weight.dtype), weight))     # weight^T (p - e_o)
             del p                           # before the next chunk's u is made
         logp, entropy = torch.cat(logp), torch.cat(entropy)
         ctx.mark_non_differentiable(entropy)
@@ -545,6 +548,6 @@ class _HeadLogp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         (grad_dirs,) = ctx.saved_tensors
-        # grad_h = grad_logp * W^T (e_o - p) / T; the minus sign turns W^T (p - e_o) around
+        # grad_h = grad_logp * weight^T (e_o - p) / T; the minus sign turns (p - e_o) around
         grad_hidden = grad_dirs.float() * (grad_logp / -ctx.temperature)[:, None]
         return grad_hidden.to(grad_dirs.dtype), None, None, None, None, None

@@ -13,27 +13,64 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from buffer import Rollout
 
 
+# generate's settings that change the distribution a token is drawn from, at the values that leave
+# it softmax(z_t / T), the one the stored log mu is taken from. sample_completions passes them
+# all: generate fills each field its caller leaves unset from the model's own generation_config
+# (Qwen-Instruct ships repetition_penalty, top_k, top_p), then from its defaults (top_k 50).
+PLAIN_SAMPLING = dict(do_sample=True, num_beams=1, top_k=0, top_p=1.0, typical_p=1.0,
+                      epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+                      encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+                      encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0,
+                      guidance_scale=1.0)
+# settings that act whenever they are set (None: off), so a model's own is refused, not overridden
+SET_TO_ACT = ("min_p", "top_h", "bad_words_ids", "sequence_bias", "suppress_tokens",
+              "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+              "exponential_decay_length_penalty", "watermarking_config", "prompt_lookup_num_tokens")
+
+
+def sampling_changes(model, generation_config: GenerationConfig) -> dict:
+    """{setting: value} of what would make ``generate(generation_config=...)`` sample from another
+    distribution than softmax(z_t / T): as generate reads them, from generation_config, else the
+    model's generation_config, else generate's defaults (do_sample False, top_k 50)."""
+    def used(name):
+        value = getattr(generation_config, name, None)
+        return getattr(model.generation_config, name, None) if value is None else value
+    found = {name: used(name) for name in (*PLAIN_SAMPLING, *SET_TO_ACT)}
+    found["do_sample"] = found["do_sample"] or False
+    found["top_k"] = 50 if found["top_k"] is None else found["top_k"]
+    return {name: value for name, value in found.items()
+            if value is not None and value != PLAIN_SAMPLING.get(name)}
+
+
 class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
 
-    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits of step t and T the temperature:
-    the same distribution the loss evaluates. The top-p (nucleus) cut-off is not modelled (keep
-    top_p = 1.0 for exact importance ratios), and nothing else may change the distribution (no
-    top-k, no repetition penalty: load_policy resets the model's generation_config).
-    ``generate`` calls this processor at step t with z_t [batch, vocab] (after generate's own
-    processors, before temperature and top-p) and with input_ids that end with the token sampled
-    at step t-1. So we keep log_softmax(z_t / T) for one step and gather it at the next call; the
-    last step is gathered in ``finish``. Memory stays O(batch * vocab), not
-    O(batch * completion_len * vocab).
-    (Step here is a decoding step of generate, not an optimizer step.)
+    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits that drew o_t and T the
+    temperature: the same distribution the loss evaluates. So nothing else may change the
+    distribution: made with the generation_config that ``generate`` will be given (and no sampling
+    keywords besides it), the recorder refuses in one line whatever would (``sampling_changes``:
+    top_k unset or not 0, top_p < 1, a repetition penalty, ...), there or in the model's own.
+    ``generate`` calls this processor once per new token, with z_t [batch, vocab] (after its own
+    processors, before temperature, top-k and top-p) and with input_ids that end with the token
+    sampled at the call before. So we keep log_softmax(z_t / T) for one call and gather it at the
+    next; the last is gathered in ``finish``. Memory stays O(batch * vocab), not
+    O(batch * max_len * vocab).
     One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
     beam search reorders the rows between calls, which the gather here does not follow.
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+    def __init__(self, model, generation_config: GenerationConfig):
+        changes = sampling_changes(model, generation_config)
+        if changes:
+            why = (f"top_p {changes['top_p']} < 1: the stored log mu would ignore the nucleus"
+                   if "top_p" in changes else "generate would not sample from softmax(z_t / T), "
+                   "the distribution recorded as log mu")
+            raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
+                             "rollout.PLAIN_SAMPLING's values, unset the others")
+        self.temperature = (generation_config.temperature or model.generation_config.temperature
+                            or 1.0)                 # as generate reads it
         self.prev_logp: torch.Tensor | None = None
         self.token_logp: list[torch.Tensor] = []   # each [batch]
         # each [batch], entropy of mu (not pi_theta) there
@@ -55,15 +92,15 @@ class BehaviourLogProbs(LogitsProcessor):
         return scores
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, completion_len], for ``completions``
-        [batch, completion_len] (completion_len: the decoding steps generate ran, the longest
+        """(token_logp, entropy), each [batch, max_len], for ``completions``
+        [batch, max_len] (max_len: the tokens generate ran for, the longest
         completion)."""
-        completion_len = completions.shape[1]
-        if len(self.token_logp) < completion_len:
+        max_len = completions.shape[1]
+        if len(self.token_logp) < max_len:
             self._gather_prev(completions[:, -1])
         self.finished = True
-        return (torch.stack(self.token_logp[:completion_len], 1),
-                torch.stack(self.mu_entropy[:completion_len], 1))
+        return (torch.stack(self.token_logp[:max_len], 1),
+                torch.stack(self.mu_entropy[:max_len], 1))
 
 
 def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
@@ -97,13 +134,13 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
     turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
     r and the group-normalized advantage A (the G rollouts of one prompt form its group).
-    prompts: text as the model reads it (chat template, special tokens: tokenized with
-    add_special_tokens=False); reward_fn(prompt, completion) gets that same text. policy_version:
-    the model's optimizer steps now (no default: a rollout's age counts from it). G = 1 gives
-    A = 0 to every rollout, and tis and ppo learn nothing: a round of only equal-reward groups
-    warns, once. fast: a fast_decoding.FastDecoding kept across calls (the same samples, faster on
-    a GPU). Returns (rollouts in prompt-major order, stats).
-    Size: 10 keywords, generate's sampling settings and the rollouts' version, each named."""
+    prompts: text as the model reads it (chat template, special tokens: add_special_tokens=False);
+    reward_fn(prompt, completion) gets that same text. policy_version: the model's optimizer steps
+    now (no default: a rollout's age counts from it). G = 1 gives A = 0 to every rollout, and tis
+    and ppo learn nothing: a round of only equal-reward groups warns, once. top_p < 1 is refused
+    (the stored log mu would ignore the nucleus), as is what in the model's generation_config would
+    change the sampling and cannot be overridden. fast: a fast_decoding.FastDecoding kept across
+    calls (the same samples, faster on a GPU). Returns (rollouts in prompt-major order, stats)."""
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -128,12 +165,13 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                         policy_version=policy_version, baseline=baselines[i // G],
                         temperature=temperature)
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
-    stats = {"reward": rewards.mean().item(), "new_tokens": int(lengths.sum()),
-             "completions": texts,
+    stats = {"completions": texts, "reward": rewards.mean().item(),
+             "new_tokens": int(lengths.sum()),
              "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
              "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),   # mu's
-             "completion_len": lengths.float().mean().item(),      # the mean (metrics.jsonl's key)
-             "truncated_frac": (~ended).float().mean().item()}     # cut at max_new_tokens, not at C
+             # metrics.jsonl's keys: the mean length, and the part cut at max_new_tokens (not at C)
+             "completion_len": lengths.float().mean().item(),
+             "truncated_frac": (~ended).float().mean().item()}
     return rollouts, stats
 
 
@@ -141,10 +179,10 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
                        temperature: float, top_p: float, fast=None):
     """G samples of each prompt (left-padded, so every completion starts at the same column), with
     log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
-    (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, completion_len]
-    on the CPU, and the end token ids. The model's generation_config must not add processors of
-    its own (repetition penalty, ...): they would change the distribution behind the log-probs;
-    load_policy sees to it.
+    (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, max_len] on the
+    CPU, and the end token ids. Sampled from softmax(z_t / T) alone: every setting of generate
+    that would change it is passed at its plain value (PLAIN_SAMPLING), so the model's own
+    generation_config cannot fill it in; one that cannot be overridden is refused.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)        # the prompts carry their own special tokens
@@ -153,20 +191,19 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
-    # top_k=0 turns off generate's default top-k of 50: the tokens must be sampled from the full
-    # softmax(z_t / T) that BehaviourLogProbs records and the loss evaluates, else the stored
-    # log mu(o_t) would not be the log-prob of the distribution that drew o_t.
-    gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+    # The tokens must be drawn from the softmax(z_t / T) that BehaviourLogProbs records and the
+    # loss evaluates: top_k=0 turns off generate's default top-k of 50, and so on (PLAIN_SAMPLING).
+    gen_config = GenerationConfig(**{**PLAIN_SAMPLING, "top_p": top_p}, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    recorder = BehaviourLogProbs(temperature)
+    recorder = BehaviourLogProbs(model, gen_config)     # it refuses top_p < 1 and the rest
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     # with the KV cache
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
-    completions = sequences[:, input_ids.shape[1]:]                  # [P * G, completion_len]
+    completions = sequences[:, input_ids.shape[1]:]                  # [P * G, max_len]
     token_logp, token_entropy = recorder.finish(completions)
     # Engineering: what follows is per-rollout bookkeeping on small tensors: one copy to the CPU
     # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
@@ -175,28 +212,29 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
 
 def completion_lengths(completions: torch.Tensor,
                        eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lengths, ended) of completions [P * G, completion_len]: each keeps its tokens up to and
+    """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
     including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
     pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
     False)."""
-    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, completion_len]
-    completion_len = completions.shape[1]
+    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, max_len]
+    max_len = completions.shape[1]
     ended = eos_cells.any(1)
     first_eos = torch.where(ended, eos_cells.int().argmax(1),
-                            torch.full_like(ended, completion_len, dtype=torch.long))
-    return torch.clamp(first_eos + 1, max=completion_len), ended
+                            torch.full_like(ended, max_len, dtype=torch.long))
+    return torch.clamp(first_eos + 1, max=max_len), ended
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
-                    batch_size: int = 256) -> float:
+                    prompts_per_call: int = 256) -> float:
     """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
     return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
-                          max_new_tokens=max_new_tokens, batch_size=batch_size)["reward"]
+                          max_new_tokens=max_new_tokens,
+                          prompts_per_call=prompts_per_call)["reward"]
 
 
 @torch.inference_mode()
 def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
-                   batch_size: int = 256, progress=None) -> dict[str, float]:
+                   prompts_per_call: int = 256, progress=None) -> dict[str, float]:
     """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
     progress: e.g. a tqdm bar, advanced by the prompts of each batch done."""
     device = next(model.parameters()).device
@@ -204,8 +242,8 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                   eos_token_id=eos_ids, pad_token_id=pad_id)
     totals = dict.fromkeys(reward_fns, 0.0)
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+    for start in range(0, len(prompts), prompts_per_call):
+        chunk = prompts[start:start + prompts_per_call]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
                         add_special_tokens=False).to(device)
         out = model.generate(**enc, generation_config=gen_config)

@@ -107,7 +107,7 @@ def random_batch(m: int, prompt: int, completion: int, vocab: int, seed: int = 0
     rollouts = [Rollout(prompt_ids=torch.randint(2, vocab, (prompt,), generator=g),
                         completion_ids=torch.randint(2, vocab, (completion,), generator=g),
                         behaviour_logp=-torch.rand(completion, generator=g), reward=float(i % 2),
-                        advantage=float(i % 2) - 0.5, policy_version=0, baseline=0.5)
+                        advantage=float(i % 2) - 0.5, policy_version=0, baseline=0.5, temperature=1.0)
                 for i in range(m)]
     return collate(rollouts, 0, 0)
 

@@ -53,7 +53,8 @@ B, P, C = (8, 20, 8) if small else (64, 231, 128)
 g = torch.Generator().manual_seed(0)
 rollouts = [Rollout(torch.randint(2, cfg.vocab_size, (P,), generator=g),
                     torch.randint(2, cfg.vocab_size, (C,), generator=g), -torch.rand(C, generator=g) * 5,
-                    reward=float(i % 2), advantage=float(i % 2) * 2 - 1, policy_version=0) for i in range(B)]
+                    reward=float(i % 2), advantage=float(i % 2) * 2 - 1, policy_version=0, baseline=0.5,
+                    temperature=1.0) for i in range(B)]
 params = [p for p in model.parameters() if p.requires_grad]
 opt, bare_opt = torch.optim.AdamW(params, lr=1e-5), torch.optim.AdamW(params, lr=1e-5)
 cols = collate(rollouts, 0, device=dev)

@@ -10,7 +10,7 @@ def make(i, version=0, prompt_len=2, completion_len=3):
     """A rollout whose tokens encode its id i, so order and identity are checkable."""
     return Rollout(prompt_ids=torch.full((prompt_len,), 100 + i), completion_ids=torch.arange(completion_len) + 10 * i,
                    behaviour_logp=-torch.arange(1, completion_len + 1) / (i + 1.0), reward=float(i % 2),
-                   advantage=i - 0.5, policy_version=version)
+                   advantage=i - 0.5, policy_version=version, baseline=0.5, temperature=1.0)
 
 
 def ids(rollouts):
@@ -89,8 +89,9 @@ def test_state_dict_round_trip_restores_items_and_sampling():
 
 
 def test_collate_pads_prompts_left_and_completions_right():
-    a = Rollout(torch.tensor([5, 6, 7]), torch.tensor([8, 1]), torch.tensor([-0.1, -0.2]), 1.0, 0.5, 0)
-    b = Rollout(torch.tensor([9]), torch.tensor([3, 4, 1]), torch.tensor([-0.3, -0.4, -0.5]), 0.0, -0.5, 0)
+    a = Rollout(torch.tensor([5, 6, 7]), torch.tensor([8, 1]), torch.tensor([-0.1, -0.2]), 1.0, 0.5, 0, 0.5, 1.0)
+    b = Rollout(torch.tensor([9]), torch.tensor([3, 4, 1]), torch.tensor([-0.3, -0.4, -0.5]), 0.0, -0.5, 0, 0.5,
+                1.0)
     cols = collate([a, b], pad_id=0)
     assert cols["input_ids"].tolist() == [[5, 6, 7, 8, 1, 0], [0, 0, 9, 3, 4, 1]]
     assert cols["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
@@ -149,7 +150,8 @@ def test_skip_zero_advantage_stores_only_informative_rollouts():
 
 def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
     """collate gives the batch's T (the loss checks it); a batch of two temperatures raises; the
-    temperature survives state_dict, and a buffer saved before rollouts kept it takes the run's."""
+    temperature survives state_dict, and a buffer saved before rollouts kept it takes the run's,
+    which it must be given."""
     import dataclasses
     cool = [dataclasses.replace(make(i), temperature=0.7) for i in range(3)]
     assert collate(cool, pad_id=0)["temperature"] == 0.7
@@ -164,6 +166,8 @@ def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
     old = {k: v for k, v in state.items() if k != "temperature"}
     again.load_state_dict(old, temperature=0.5)
     assert [r.temperature for r in again.items] == [0.5] * 3
+    with pytest.raises(ValueError, match="saved before rollouts kept their temperature"):
+        again.load_state_dict(old)
 
 
 def test_every_rollout_that_leaves_is_counted_once_by_its_uses():

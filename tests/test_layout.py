@@ -177,19 +177,27 @@ def test_core_lines_fit_100_characters(path):
     assert not long, f"{path}: lines over 100 characters: {long}"
 
 
+# The functions of the five files allowed past 45 lines, each with its docstring saying why in a
+# plain sentence: a new one is split, or added here with its reason.
+LONGER = {"update_step_engineered"}
+
+
 @pytest.mark.parametrize("path", CORE)
 def test_functions_a_reader_can_hold(path):
-    """Issue 43: every function of the five files at most 45 lines and 8 parameters (self not
-    counted), unless its docstring says why in a line that starts with 'Size:'."""
+    """Issue 43: every function of the five files at most 45 lines and 8 positional parameters
+    (self not counted; keyword-only ones are named at every call, so they do not count), but the
+    few in LONGER. Issue 53: no 'Size:' lines, a note for reviewers that a learner does not need."""
     tree = ast.parse(open(os.path.join(ROOT, path)).read())
-    over = []
+    over, noted = [], []
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef):
             continue
-        params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
         params = [p for p in params if p not in ("self", "cls")]
         lines = fn.end_lineno - fn.lineno + 1
-        said = any(line.strip().startswith("Size:") for line in (ast.get_docstring(fn) or "").splitlines())
-        if (lines > 45 or len(params) > 8) and not said:
-            over.append(f"{fn.name}: {lines} lines, {len(params)} parameters")
+        if (lines > 45 and fn.name not in LONGER) or len(params) > 8:
+            over.append(f"{fn.name}: {lines} lines, {len(params)} positional parameters")
+        if any(line.strip().startswith("Size:") for line in (ast.get_docstring(fn) or "").splitlines()):
+            noted.append(fn.name)
     assert not over, f"{path}: {over}"
+    assert not noted, f"{path}: 'Size:' lines in {noted}"

@@ -194,7 +194,7 @@ def batch_of(m: int, prompt: int, completion: int, padded: bool):
     rollouts = [Rollout(prompt_ids=torch.randint(2, 40, (prompt - (i if padded else 0),), generator=g),
                         completion_ids=torch.randint(2, 40, (completion,), generator=g),
                         behaviour_logp=torch.zeros(completion), reward=0.0, advantage=1.0, policy_version=0,
-                        baseline=0.0) for i in range(m)]
+                        baseline=0.0, temperature=1.0) for i in range(m)]
     return collate(rollouts, 0, 0)
 
 

@@ -156,8 +156,12 @@ def test_behaviour_logprobs_by_hand_and_an_extra_step_dropped():
     tokens = torch.tensor([[1, 5], [0, 2], [3, 3]])     # the tokens sampled at steps 1..3
     prompt = torch.tensor([[7], [7]])
     expected = torch.stack([torch.log_softmax(scores[t] / 0.5, -1)[[0, 1], tokens[t]] for t in range(3)], 1)
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+    model = SimpleNamespace(generation_config=GenerationConfig())      # the recorder reads its own
     for extra_step in (False, True):
-        rec = BehaviourLogProbs(temperature=0.5)
+        rec = BehaviourLogProbs(model, GenerationConfig(do_sample=True, temperature=0.5, top_k=0))
         for t in range(4 if extra_step else 3):
             rec(torch.cat([prompt, tokens[:t].T], 1), scores[t])
         logp, entropy = rec.finish(tokens.T)
