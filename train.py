@@ -54,8 +54,8 @@ class Config:
         "a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
     reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
         "takes the last number", choices=("strict", "lenient"))
-    reward: str = opt("", "custom reward, module:function or path/to/file.py:function, f(prompt, "
-        "completion) -> float")
+    reward: str = opt("", "where a custom reward function is (a path, not a value): "
+        "module:function or path/to/file.py:function, f(prompt, completion) -> float")
     chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one")
     system_prompt: str = opt("", "a system message before each prompt (with the chat template)")
     output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
@@ -66,7 +66,7 @@ class Config:
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
-    top_p: float = opt(1.0, "nucleus sampling; below 1 the stored log-probs ignore its cut-off")
+    top_p: float = opt(1.0, "nucleus sampling: 1 only (the stored log mu ignores a cut-off)")
     # replay
     buffer_size: int = opt(256, "N: the FIFO buffer's capacity (N = R = B, K = 1: on-policy)")
     batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
@@ -82,14 +82,14 @@ class Config:
     loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
         "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
         "pi", choices=LOSS_TYPES)
-    asymre_tau: float = opt(0.1, "tau of the asymre loss (V - tau is the baseline)")
+    asymre_tau: float = opt(0.1, "tau of the asymre loss r - (V - tau), V the group's mean")
     is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
     epsilon: float = opt(0.2, "clip range of the ppo loss")
     normalization: str = opt("token_mean", "normalization of the loss", choices=NORMALIZATIONS)
     lr: float = opt(1e-3, "AdamW learning rate of the LoRA weights")
     max_grad_norm: float = opt(1.0, "gradient clipping")
     lora_r: int = opt(16, "LoRA rank (all linear layers)")
-    lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
+    lora_alpha: int = opt(32, "LoRA alpha (scale = lora_alpha / lora_r)")
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation

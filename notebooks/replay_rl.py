@@ -10,7 +10,7 @@
 # policy (the one that sampled a rollout), o_t a completion token, rho_t = pi_theta(o_t) /
 # mu(o_t), w_t = min(rho_t, C) with C the cap, A the advantage, P prompts x G completions
 # = R new rollouts a round, N the buffer, B the batch, K updates a round, y = K*B/R the replay
-# ratio, T the temperature.
+# ratio (R counts the rollouts stored), T the temperature.
 #
 # **Colab**: set `REPO_URL` in the next cell to the repository that holds the project, then run
 # all. The cell installs what Colab lacks and keeps Colab's own torch. For the last cell pick a
@@ -82,7 +82,7 @@ print(f"greedy accuracy on {EVAL_PROMPTS} held-out sums before any RL: {start_ac
 #
 # `generate_rollouts` samples G completions for each of P prompts from the current policy (mu,
 # for these rollouts) and keeps, with each completion, the behaviour log-prob log mu(o_t) of
-# every token, its reward r, and its advantage A = (r - mean r) / (std r + 1e-4) within its group
+# every token, its reward r, and its advantage A = (r - mean r) / (sample std r + 1e-4) within its group
 # of G (0 if all G rewards are equal). A group whose answers are all right (or all wrong) has A = 0: it teaches nothing.
 
 # %%
