@@ -56,6 +56,19 @@ where the curves rise: --early-tokens T with --early-evals M puts M evals evenly
 --evals from T to the budget (the runs get --eval-at-tokens; no interval may be shorter than a
 round's tokens, as one eval cannot stand for two points).
 
+A target fixed before the runs (issue 52): --target T (e.g. 0.45, on the rise) instead of one from
+on-policy's curve, the same in every draw, and --target-rule hold|first naming the primary figure
+(hold: the mean curve's reach above; first: each replicate's first reach, paired). Beside either,
+every summary gives each arm's mean accuracy over the tokens (the area under accuracy against
+generated tokens, stats.area) and the pairs' area difference, the wall and CPU seconds to first
+reach beside the tokens, and the entropy over the second half of each run's rounds
+(entropy_half), each with its interval. Arms of one's own: --arm NAME FLAGS (train.py flags as
+one string, e.g. an async arm's --generators 1 ...), read against more arms with --pairs A:B;
+every pair stores the flags its two arms differ in ("differs"). Each arm says whether train.py's
+synchronous cap can throw away what it generated (discards_possible: it stores at most the S an
+update waits for); a record keeps its run's every metrics row beside it (<record>.metrics.jsonl.gz)
+and counts its rounds: generated, of zero advantage, stored, discarded, empty (summary: "rounds").
+
 Intervals: 90% bootstrap over replicates, --bootstrap draws. A draw takes replicate i of every arm
 together (they start from the same model with the same seed), recomputes the target and every arm's
 reach, and takes each ratio within the draw: replay against on-policy, and replay against its own
@@ -111,13 +124,14 @@ import runfolder  # noqa: E402
 # stats.py computes the figures and their intervals, readout.py prints and draws a summary.
 from readout import decide_points, plot, print_answer, print_table  # noqa: E402
 from records import (ARMS, FILTERED_ARMS, FIXED_Y, NOT_PASSED, OPTIONAL_ARMS,  # noqa: E402
-                     arm_flags_of, build_tiny_model, load_record, own_flags, plain_flags,
-                     read_record, record_argv, record_path, run_record, run_train, save_record,
-                     starting_model, token_grid, train_flags, warm_start_seed)
+                     arm_flags_of, build_tiny_model, discards_possible, flags_differ, load_record,
+                     own_flags, plain_flags, read_record, record_argv, record_path, run_record,
+                     run_train, save_record, save_rows, starting_model, token_grid, train_flags,
+                     warm_start_seed)
 from stats import (RISE_EVALS, X_KEYS, CompareError, bootstrap, choose_lr,  # noqa: E402
-                   entry_verdict, figures, final_accuracy, finite, load_cost, mean_curve,
-                   measured_reuse, pair_entry, reach_point, share_units, smaller_buffer_of,
-                   sweep_target, unit_costs)
+                   control_of, default_pairs, entry_verdict, figures, final_accuracy, finite,
+                   load_cost, mean_curve, measured_reuse, pair_entry, reach_point, share_units,
+                   smaller_buffer_of, sweep_target, unit_costs)
 from stats import target_accuracy  # noqa: E402,F401  tests/test_flags.py reads it here
 
 # Defaults of the flags whose parser default is None ("not given"): some apply only with another
@@ -149,7 +163,8 @@ def build_parser() -> cli.OneLineParser:
                         "best mean accuracy over the evals)")
     p.add_argument("--sweep-seeds", type=int, help="with --sweep-lr: replicates per learning rate (default 2; "
                                                    "seeds 1000, 1001, ...: disjoint from the reported ones)")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + OPTIONAL_ARMS, help="arms to run")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM",
+                   help=f"arms to run: {', '.join(ARMS + OPTIONAL_ARMS)}, or one of --arm")
     p.add_argument("--keep-correct-frac", type=float,
                    help="delta of the positive-bias retention arm (with --arms ... replay_pbr; default 0.3)")
     p.add_argument("--cost", default="", help="a cost curve (JSON of comparison/cost.py): each arm's time to the target "
@@ -164,6 +179,21 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--target-frac", type=float, default=1.0,
                    help="the target: on-policy's start + this part of its gain (1: its final accuracy; 0.9 "
                         "puts it on the rise of a curve that saturates)")
+    p.add_argument("--target", type=float, default=None, help=(
+        "a target accuracy fixed before the runs (e.g. 0.45, on the rise), the same in every "
+        "bootstrap draw, instead of one from on-policy's curve (--target-frac)"))
+    p.add_argument("--target-rule", choices=("hold", "first"), default="hold", help=(
+        "which reach of the target is the comparison's primary figure: hold (the arm's mean curve "
+        "stays at or above it to the end) or first (each replicate's first eval at or above it, "
+        "paired per replicate); the summary gives both"))
+    p.add_argument("--arm", nargs=2, action="append", default=[], metavar=("NAME", "FLAGS"), help=(
+        "an arm defined by its train.py flags, one string (e.g. async_replay '--generators 1 "
+        "--prompts-per-round 4 --buffer-size 16 --batch-size 16 --new-per-update 8'); it must give "
+        "--prompts-per-round, --buffer-size and --batch-size; a built-in arm's name redefines it; "
+        "list it in --arms to run it"))
+    p.add_argument("--pairs", nargs="+", default=[], metavar="ARM:REFERENCE", help=(
+        "more pairs to read, paired per replicate, beside each arm against on_policy and each "
+        "replay arm against its control (e.g. async_replay:async_on_policy)"))
     p.add_argument("--evals", type=int, help="eval points per run (default 15); with --early-tokens, those after it")
     p.add_argument("--early-tokens", type=int, default=0,
                    help="a denser grid early: --early-evals evals up to this many generated tokens, then --evals "
@@ -213,8 +243,23 @@ def parse(argv=None) -> argparse.Namespace:
             setattr(args, name, QUICK.get(name, default) if args.quick else default)
     if args.quick:      # one model: no warm starts to build
         args.one_model = True
+    custom = dict(args.arm)
+    if unknown := [a for a in args.arms if a not in ARMS + OPTIONAL_ARMS and a not in custom]:
+        p.error(f"--arms {unknown[0]}: no such arm (choose from {', '.join(ARMS + OPTIONAL_ARMS)}, "
+                "or define it with --arm NAME FLAGS)")
+    if unused := [a for a in custom if a not in args.arms]:
+        p.error(f"--arm {unused[0]}: defined but not in --arms")
     if "on_policy" not in args.arms:
-        p.error("--arms must include on_policy (it sets the target)")
+        p.error("--arms must include on_policy (the reference every arm is read against)")
+    for pair in args.pairs:
+        arm, _, ref = pair.partition(":")
+        if arm not in args.arms or ref not in args.arms or arm == ref:
+            p.error(f"--pairs {pair}: must be ARM:REFERENCE, two different arms of --arms")
+    if args.target is not None and not 0 < args.target < 1:
+        p.error(f"--target {args.target}: an accuracy in (0, 1)")
+    if args.target is not None and args.target_frac != 1.0:
+        p.error(f"--target {args.target} with --target-frac {args.target_frac}: one target, fixed "
+                "or from on-policy's curve")
     if args.replay_ratio < 2:
         p.error(f"--replay-ratio {args.replay_ratio}: must be >= 2")
     if args.prompts_per_round is not None and not args.skip_zero_advantage:
@@ -222,12 +267,13 @@ def parse(argv=None) -> argparse.Namespace:
                 "the other arms' rounds follow from B, y and G")
     if args.skip_zero_advantage and args.prompts_per_round is None:
         args.prompts_per_round = 4
-    if args.skip_zero_advantage and (wrong := [a for a in args.arms if a not in FILTERED_ARMS]):
+    builtin = [a for a in args.arms if a not in custom]
+    if args.skip_zero_advantage and (wrong := [a for a in builtin if a not in FILTERED_ARMS]):
         p.error(f"--arms {wrong[0]} with --skip-zero-advantage: the filtered design has the arms "
                 f"{', '.join(FILTERED_ARMS)}")
     if not all(0 < g < 1 for g in args.gen_shares):
         p.error(f"--gen-shares {args.gen_shares}: each must be in (0, 1)")
-    for y in {args.replay_ratio, *(FIXED_Y[a] for a in args.arms if a in FIXED_Y)}:
+    for y in {args.replay_ratio, *(FIXED_Y[a] for a in builtin if a in FIXED_Y)}:
         if args.batch_size % (y * args.num_generations):
             p.error(f"--batch-size {args.batch_size} must be a multiple of replay ratio x num_generations "
                     f"= {y * args.num_generations}")
@@ -245,6 +291,19 @@ def parse(argv=None) -> argparse.Namespace:
     if args.sweep_lr and args.one_model and args.model == "tiny":
         p.error(f"--sweep-lr with {'--quick (one model)' if args.quick else '--one-model'}: the sweep's "
                 "replicates would start from the reported runs' model, so it would not be held out")
+    arm_given = {}
+    for name, flags in args.arm:        # train.py's flags, R, N and B each given
+        arm_given[name] = train_flags(shlex.split(flags), prog=f"compare.py --arm {name}")
+        needed = ("prompts_per_round", "buffer_size", "batch_size")
+        if missing := [f for f in needed if f not in arm_given[name]]:
+            p.error(f"--arm {name}: give --{missing[0].replace('_', '-')} (an arm is its R, N, B)")
+    # the flags of a run that are not its arm's: the replicate's, the lr, the budget, the evals
+    per_run = set(train_flags(own_flags(args, "on_policy", 0, args.lr, "run"))) - set(
+        train_flags(arm_flags_of(args, "on_policy")))
+    for name, given in arm_given.items():
+        if clash := sorted(given.keys() & (per_run | NOT_PASSED.keys())):
+            p.error(f"--arm {name}: --{clash[0].replace('_', '-')} is set by compare.py for each "
+                    "run (the replicate's seed and model, the lr, the budget, the evals)")
     args.train_args = shlex.split(args.train_args)
     given = train_flags(args.train_args)
     own = {k for arm in args.arms for k in train_flags(own_flags(args, arm, 0, args.lr, "run"))}
@@ -273,10 +332,14 @@ def compare(args) -> dict:
         raise CompareError(str(e)) from None
     grid = token_grid(args)
     cost = load_cost(args.cost) if args.cost else None
-    sizes = {}
+    sizes, G = {}, args.num_generations
     for arm in args.arms:
-        flags = arm_flags_of(args, arm)
-        sizes[arm] = (int(flags[1]) * args.num_generations, int(flags[5]))
+        flags = train_flags(arm_flags_of(args, arm))
+        sizes[arm] = (flags["prompts_per_round"] * args.num_generations, flags["batch_size"])
+        if discards_possible(arm_flags_of(args, arm) + ["--num-generations", str(G)]):
+            print(f"note: {arm} can throw away rollouts it generated (train.py's synchronous "
+                  "loop stores at most the S an update waits for): its tokens include them; "
+                  "summary.json counts them where its records keep the rounds", flush=True)
     unit_costs(cost, sizes)                     # an arm outside the cost curve: refused before any run
 
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
@@ -308,6 +371,7 @@ def compare(args) -> dict:
             run_train(argv, out)
             record = {"argv": record_argv(argv), "model": model, **run_record(out)}
             if path:
+                save_rows(path, out)            # every row, so that its rounds can be counted again
                 save_record(path, record)
         return read_record(record, grid, path or out)
 
@@ -320,14 +384,16 @@ def compare(args) -> dict:
                     for arm in args.arms for lr in args.sweep_lr for s in sweep_seeds}
             swept = {arm: {lr: [jobs[arm, lr, s].result() for s in sweep_seeds] for lr in args.sweep_lr}
                      for arm in args.arms}
-            sweep_at = sweep_target(swept["on_policy"], args.target_frac)
+            sweep_at = (sweep_target(swept["on_policy"], args.target_frac) if args.target is None
+                        else args.target)
             for arm in ["on_policy"] + [a for a in args.arms if a != "on_policy"]:
                 sweep[arm] = choose_lr(swept[arm], sweep_at)
                 lrs[arm] = sweep[arm]["chosen"]
                 if not sweep[arm]["rules_agree"] and arm != "on_policy":     # would the area's choice change it?
                     on = swept["on_policy"][lrs["on_policy"]]
                     sweep[arm]["sweep_token_ratio"] = {
-                        f"{lr:g}": finite(figures({"on_policy": on, arm: swept[arm][lr]}, args.target_frac, pairs=[
+                        f"{lr:g}": finite(figures({"on_policy": on, arm: swept[arm][lr]},
+                                                  args.target_frac, target=args.target, pairs=[
                             (arm, "on_policy")])["arms"][arm]["vs"]["on_policy"]["token_ratio"])
                         for lr in (sweep[arm]["chosen"], sweep[arm]["area_choice"])}
                 print(f"{arm}: lr sweep ({len(sweep_seeds)} replicates) tokens to hold {sweep_at:.3f} "
@@ -358,6 +424,30 @@ def compare(args) -> dict:
     return summary
 
 
+TARGET_RULES = {
+    "hold": "the arm's mean curve reaches the target at the first eval from which the median of "
+            "each eval and its two neighbours stays >= target to the end (tokens_to_target, "
+            "token_ratio)",
+    "first": "each replicate's first eval >= target, raw, interpolated; the arm's figure the mean "
+             "over its replicates, paired per replicate (tokens_to_first_reach, "
+             "first_reach_token_ratio)"}
+
+
+def read_pairs(results: dict, extra: list[str]) -> list[tuple[str, str]]:
+    """The pairs a summary reads: every arm against on_policy, each replay arm against its control,
+    a larger buffer against the smaller (stats.default_pairs), and --pairs ARM:REFERENCE."""
+    pairs = default_pairs(results)
+    return pairs + [p for p in (tuple(x.split(":")) for x in extra) if p not in pairs]
+
+
+def counted_rounds(counts: list[dict]) -> dict:
+    """An arm's rounds as its records counted them (records.round_counts), summed over its
+    replicates, with each replicate's discarded rollouts and empty rounds."""
+    return {**{k: sum(c[k] for c in counts) for k in counts[0]},
+            "discarded_per_replicate": [c["discarded"] for c in counts],
+            "empty_rounds_per_replicate": [c["empty_rounds"] for c in counts]}
+
+
 def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict, cost: dict | None = None) -> dict:
     op = results["on_policy"]
     # the cost ratio, measured on the on-policy arm: seconds per generated rollout / per trained rollout
@@ -366,8 +456,11 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     sizes = {arm: (runs[0]["R"], runs[0]["B"]) for arm, runs in results.items()}
     curve_units = unit_costs(cost, sizes)
     units = {**curve_units, **share_units(op, sizes, getattr(args, "gen_shares", []))}
-    fig = figures(results, args.target_frac, units)
-    ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units)
+    fixed = getattr(args, "target", None)                 # summaries before --target: None
+    pairs = read_pairs(results, getattr(args, "pairs", []))
+    fig = figures(results, args.target_frac, units, pairs, fixed)
+    ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units, pairs=pairs,
+                   target=fixed)
     target = fig["target"]
     if args.model == "tiny" and not args.one_model:
         replicates = "warm-start seed i and RL seed i: the model varies"
@@ -375,6 +468,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
         replicates = f"one model ({'tiny, warm-start seed 0' if args.model == 'tiny' else args.model}), RL seed i"
     summary = {"task": args.task, "model": args.model, "train_args": args.train_args,
                "target_accuracy": target, "target_accuracy_ci": ci["target"], "target_frac": args.target_frac,
+               "target_fixed": fixed is not None, "target_rules": TARGET_RULES,
+               "target_rule": getattr(args, "target_rule", "hold"),
                "cost_ratio": cost_ratio, "budget_tokens": args.budget_tokens, "grid_tokens": grid, "lr": lrs,
                "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) side by side, "
@@ -450,15 +545,28 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                                                                    if k != "cpu_seconds"}} for r in entry["replicates"]]
         if all("reuse" in r for r in runs):
             entry["reuse"] = measured_reuse(name, [r["reuse"] for r in runs])
+        entry["area"], entry["area_ci"] = f["area"], c["area"]
+        if not math.isnan(f["entropy_half"]):
+            entry["entropy_half"], entry["entropy_half_ci"] = f["entropy_half"], c["entropy_half"]
+        if f["cpu_known"]:
+            entry["cpu_seconds_to_first_reach"] = finite(f["first"]["cpu_seconds"])
+            entry["cpu_seconds_to_first_reach_ci"] = finite(c["first"]["cpu_seconds"])
+        entry["discards_possible"] = discards_possible(
+            arm_flags_of(args, name) + ["--num-generations", str(args.num_generations)])
+        if all("rounds_counted" in r for r in runs):
+            entry["rounds"] = counted_rounds([r["rounds_counted"] for r in runs])
         for ref, point in f["vs"].items():
             pair = pair_entry(point, c["vs"][ref])
             pair["verdict"] = entry_verdict(pair, rise["fastest_evals"])
+            pair["differs"] = flags_differ(arm_flags_of(args, name), arm_flags_of(args, ref))
             if ref == "on_policy":
                 entry.update(pair)
             elif ref == smaller_buffer_of(name):
                 entry["vs_smaller_buffer"] = {"arm": ref, **pair}
-            else:
+            elif ref == control_of(name):
                 entry["vs_control"] = {"arm": ref, **pair}
+            else:
+                entry.setdefault("vs_other", {})[ref] = pair
         summary["arms"][name] = entry
     others = {a: e for a, e in summary["arms"].items() if not a.startswith(("on_policy", "control"))}
     reached = {a: e for a, e in others.items() if e["token_ratio"] is not None}
@@ -493,11 +601,13 @@ def decide(summary_path: str, cost_path: str = "") -> dict:
         times = {"measured": lambda a: a["seconds"], **{u: (lambda a, u=u: a["projected"][u]) for u in units}}
         answer = {}
         for basis, time_of in times.items():
-            point = figures(results, args.target_frac, units)["arms"]
+            fixed = getattr(args, "target", None)
+            point = figures(results, args.target_frac, units, target=fixed)["arms"]
             best = min(point, key=lambda a: time_of(point[a]))
             pairs = [(best, a) for a in point if a != best]
-            fig = figures(results, args.target_frac, units, pairs)["arms"][best]["vs"]
-            ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units, pairs=pairs)["arms"][best]["vs"]
+            fig = figures(results, args.target_frac, units, pairs, fixed)["arms"][best]["vs"]
+            ci = bootstrap(results, args.bootstrap, frac=args.target_frac, units=units, pairs=pairs,
+                           target=fixed)["arms"][best]["vs"]
             key = (lambda v: v["time_ratio"]) if basis == "measured" else (lambda v, u=basis: v["projected_ratio"][u])
             answer[basis] = {"fastest": best, "seconds": finite(time_of(point[best])),
                              "ratio_to": {a: [finite(key(fig[a])), *finite(key(ci[a]))] for a in fig}}

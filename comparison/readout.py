@@ -40,11 +40,14 @@ def about_cost(cost: dict, task: str | None = None, model: str | None = None) ->
 
 
 def print_table(s: dict) -> None:
-    rule = ("on-policy final, median of its last 3 evals" if s.get("target_frac", 1.0) == 1.0 else
+    rule = ("fixed before the runs" if s.get("target_fixed") else
+            "on-policy final, median of its last 3 evals" if s.get("target_frac", 1.0) == 1.0 else
             f"on-policy start + {s['target_frac']:g} of its gain to its final accuracy")
     print(f"\nresults: {whose(s)}")
     print(f"target accuracy ({rule}): {s['target_accuracy']:.3f};  measured cost ratio "
           f"{s.get('cost_ratio', s.get('mu')):.2f} (generation / training seconds per rollout, a summary figure);  lr {s['lr_chosen_by']}: {s['lr']}")
+    if "target_rule" in s:
+        print(f"primary figure ({s['target_rule']}): {s['target_rules'][s['target_rule']]}")
     if s.get("cost"):
         print(about_cost(s["cost"], s.get("task"), s.get("model")))
     for arm, sw in (s.get("lr_sweep") or {}).get("arms", {}).items():
@@ -90,27 +93,61 @@ def print_table(s: dict) -> None:
                  f"fall after reach {fmt_ci(p['instability_diff'], p['instability_diff_ci'], '+.3f')}"
                  if "first_reach_token_ratio" in p else "")
         cpu = (f"; CPU time x{fmt_ci(p['cpu_time_ratio'], p['cpu_time_ratio_ci'])}" if "cpu_time_ratio" in p else "")
+        of = lambda key, spec=".2f": fmt_ci(p[key], p[key + "_ci"], spec)
+        if "first_reach_time_ratio" in p:
+            first += f"; wall time to first reach x{of('first_reach_time_ratio')}"
+        if "first_reach_cpu_time_ratio" in p:
+            first += f", CPU time x{of('first_reach_cpu_time_ratio')}"
+        area = (f"; mean accuracy over the tokens (area) {of('area_diff', '+.3f')}"
+                if "area_diff" in p else "")
+        half = (f"; entropy over the second half {of('entropy_half_diff', '+.3f')}"
+                if "entropy_half_diff" in p else "")
         return (f"tokens to hold the target x{fmt_ci(p['token_ratio'], p['token_ratio_ci'])}; measured time "
                 f"x{fmt_ci(p['time_ratio'], p['time_ratio_ci'])}{cpu}{proj}{first}; final accuracy "
-                f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}; entropy "
-                f"{fmt_ci(p['entropy_diff'], p['entropy_diff_ci'], '+.3f')}")
+                f"{fmt_ci(p['accuracy_diff'], p['accuracy_diff_ci'], '+.3f')}{area}; entropy "
+                f"{fmt_ci(p['entropy_diff'], p['entropy_diff_ci'], '+.3f')}{half}")
+
+    def differs(p: dict) -> str:
+        d = p.get("differs")
+        return "" if d is None else "\n    flags that differ: " + (
+            ", ".join(f"{k} {a} vs {b}" for k, (a, b) in d.items()) or "none")
     print("\nagainst on_policy, point [90% interval over replicates]; measured time: seconds in the runs' logs; "
           "projected: the runs' rounds and steps to the target charged at the cost curve's seconds")
     for name, a in s["arms"].items():
         if name != "on_policy":
-            print(f"{name}: {ratios(a)} -> {a['verdict']}")
+            print(f"{name}: {ratios(a)} -> {a['verdict']}{differs(a)}")
     paired = {name: a["vs_control"] for name, a in s["arms"].items() if "vs_control" in a}
     if paired:
         print("\nreplay against its own control (R = B = N = B/y: as many updates per generated token, no reuse), "
               "paired draws (replicate i of both in each draw, the ratio taken within it)")
     for name, p in paired.items():
-        print(f"{name} / {p['arm']}: {ratios(p)}" + (f" -> {p['verdict']}" if "verdict" in p else ""))
+        verdict = f" -> {p['verdict']}" if "verdict" in p else ""
+        print(f"{name} / {p['arm']}: {ratios(p)}{verdict}{differs(p)}")
+    other = [(name, ref, p) for name, a in s["arms"].items()
+             for ref, p in a.get("vs_other", {}).items()]
+    if other:
+        print("\nthe other pairs (--pairs), paired draws")
+    for name, ref, p in other:
+        print(f"{name} / {ref}: {ratios(p)} -> {p['verdict']}{differs(p)}")
     bigger = {name: a["vs_smaller_buffer"] for name, a in s["arms"].items() if "vs_smaller_buffer" in a}
     if bigger:
         print("\nthe larger buffer against the smaller (the same uses, older rollouts), paired draws")
     for name, p in bigger.items():
-        print(f"{name} / {p['arm']}: {ratios(p)} -> {p['verdict']}")
+        print(f"{name} / {p['arm']}: {ratios(p)} -> {p['verdict']}{differs(p)}")
     print(f"best replay arm (tokens): {s['best_replay_arm']}")
+    counted = {name: a["rounds"] for name, a in s["arms"].items() if "rounds" in a}
+    if counted:
+        print("\nthe rounds, counted from the records' rows (summed over replicates): generated, "
+              "of zero advantage, stored, discarded by the cap; rounds, empty ones, ones that "
+              "discarded")
+    for name, c in counted.items():
+        print(f"{name}: {c['generated']} generated, {c['zero_advantage']} zero-advantage, "
+              f"{c['stored']} stored, {c['discarded']} discarded (per replicate "
+              f"{c['discarded_per_replicate']}); {c['rounds']} rounds, {c['empty_rounds']} empty, "
+              f"{c['discard_rounds']} with discards")
+    possible = [name for name, a in s["arms"].items() if a.get("discards_possible")]
+    if possible:
+        print(f"can discard what they generated (the synchronous cap): {', '.join(possible)}")
     reuse = {name: a["reuse"] for name, a in s["arms"].items() if "reuse" in a}
     if reuse:
         print("\nreplay as measured: uses of a stored rollout (trained on / stored: lowest, mean, highest "

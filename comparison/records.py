@@ -7,9 +7,11 @@ and read at the comparison's eval grid (read_record).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -66,11 +68,11 @@ NOT_PASSED = {"resume": "compare.py starts its own runs",
               "eval_at_tokens": "the runs evaluate at compare.py's grid (--evals, --early-tokens)"}
 
 
-def train_flags(argv: list[str]) -> dict:
+def train_flags(argv: list[str], prog: str = "compare.py --train-args") -> dict:
     """train.py's flags among argv, read by train.py's own parser: {field: value} of those given.
-    A flag train.py does not have, or a bad value, stops here in one line."""
+    A flag train.py does not have, or a bad value, stops here in one line (prog: whose flags)."""
     parser = cli.build_parser(train.Config, explicit_only=True)
-    parser.prog = "compare.py --train-args"
+    parser.prog = prog
     return vars(parser.parse_args(argv))
 
 
@@ -112,9 +114,31 @@ def own_flags(args, arm: str, seed: int, lr: float, out: str) -> list[str]:
 
 
 def arm_flags_of(args, arm: str) -> list[str]:
-    """arm_flags with the comparison's settings."""
+    """arm_flags with the comparison's settings; an arm given by --arm NAME FLAGS: its FLAGS."""
+    custom = dict(getattr(args, "arm", None) or [])
+    if arm in custom:
+        return shlex.split(custom[arm])
     filtered = args.prompts_per_round if getattr(args, "skip_zero_advantage", False) else 0
     return arm_flags(arm, args.batch_size, args.replay_ratio, args.num_generations, args.keep_correct_frac, filtered)
+
+
+def flags_differ(a: list[str], b: list[str]) -> dict:
+    """What two arms' train.py flags set differently: {flag: [a's value, b's value]}, a flag one of
+    them does not give at train.py's default (a flag train.py does not know yet: as given, or
+    None). What a pair of arms reads is these differences, and nothing else of the arms'."""
+    parser = cli.build_parser(train.Config)
+    values = []
+    for argv in (a, b):
+        known, unknown = parser.parse_known_args(argv)
+        extra = {}
+        for i, x in enumerate(unknown):     # --flag value or --flag: a flag of a newer train.py
+            if x.startswith("--"):
+                valued = i + 1 < len(unknown) and not unknown[i + 1].startswith("--")
+                extra[x[2:].replace("-", "_")] = unknown[i + 1] if valued else True
+        values.append({**vars(known), **extra})
+    names = sorted(values[0].keys() | values[1].keys())
+    return {"--" + k.replace("_", "-"): [values[0].get(k), values[1].get(k)]
+            for k in names if values[0].get(k) != values[1].get(k)}
 
 
 def plain_flags(args) -> list[str]:
@@ -165,23 +189,32 @@ def run_train(argv: list[str], out: str, env: dict | None = None) -> None:
 
 
 # ---- a run's record ---------------------------------------------------------------------------
-EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "eval_accuracy")
+# wall_seconds: a loop whose generation and training overlap (async) gives its own wall clock
+EVAL_KEYS = ("round", "step", "gen_tokens", "gen_seconds", "train_seconds", "wall_seconds",
+             "eval_accuracy")
 CPU_KEYS = ("gen_cpu_seconds", "train_cpu_seconds")    # records since 2026-12-02: CPU seconds too
 PER_STEP = ("is_ratio_mean", "is_ratio_max", "is_truncated_frac")        # kept per update in a run's record
 
 
 def run_record(run_dir: str) -> dict:
-    """The compact record of a finished run (a few KB): its config, its eval rows, the entropy of its
-    last 5% of steps, its staleness over all steps (the importance weights truncated, the ages, the
-    importance ratios) and per step (PER_STEP), and its final counters; all that read_record needs,
-    none of its checkpoints."""
+    """The compact record of a finished run (a few KB), from its folder's metrics.jsonl and
+    config.json (record_of)."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
+    return record_of(rows, cfg, run_dir)
+
+
+def record_of(rows: list[dict], cfg: dict, name: str = "run") -> dict:
+    """A run's compact record from its metrics rows and config: its config, its eval rows, the
+    entropy of its last 5% of steps and over the second half of its rounds, its staleness over all
+    steps (the importance weights truncated, the ages, the importance ratios) and per step
+    (PER_STEP), its final counters and its rounds' counts (round_counts); all that read_record
+    needs, none of its checkpoints. The rows themselves go beside the record (save_rows)."""
     steps = [r for r in rows if "eval_accuracy" not in r and r.get("updates") != 0]   # nor rounds with none
     if not steps:
-        raise CompareError(f"{run_dir}: the run took no optimizer step (its metrics.jsonl has no step row): "
-                           "raise the budget, or lower B or S")
+        raise CompareError(f"{name}: the run took no optimizer step (its metrics.jsonl has no step "
+                           "row): raise the budget, or lower B or S")
     tail = steps[-max(1, len(steps) // 20):]                # entropy: the last 5% of steps
     return {"config": cfg, "evals": [{k: r[k] for k in EVAL_KEYS + CPU_KEYS if k in r}
                                      for r in rows if "eval_accuracy" in r],
@@ -200,7 +233,104 @@ def run_record(run_dir: str) -> dict:
             **({"reuse": {**{k: rows[-1][k] for k in ("rollouts_generated", "rollouts_stored", "rollouts_trained")},
                           "left_by_uses": next(r["left_by_uses"] for r in reversed(rows) if "left_by_uses" in r),
                           "age_mean": statistics.fmean(r["age_mean"] for r in steps),
-                          "age_max": max(r["age_max"] for r in steps)}} if "rollouts_stored" in rows[-1] else {})}
+                          "age_max": max(r["age_max"] for r in steps)}}
+               if "rollouts_stored" in rows[-1] else {}),
+            "entropy_second_half": entropy_second_half(rows),
+            **({"rounds": round_counts(rows, cfg.get("skip_zero_advantage", False))}
+               if "rollouts_stored" in rows[-1] else {})}
+
+
+def round_rows(rows: list[dict]) -> list[dict]:
+    """The last row of each round (a step's, or a round's without one), in order: the loop's
+    counters after that round, and the round's own figures (rollout_entropy, zero_adv_frac, ...)."""
+    last = {}
+    for r in rows:
+        if "eval_accuracy" not in r and "rollout_entropy" in r:
+            last[r["round"]] = r
+    return [last[k] for k in sorted(last)]
+
+
+def entropy_second_half(rows: list[dict]) -> float:
+    """The mean rollout entropy of the rounds generated in the second half of the run's tokens (the
+    rounds whose token count passes half the last one), each round once: a figure of many rounds,
+    not of the last few steps."""
+    rounds = round_rows(rows)
+    half = [r["rollout_entropy"] for r in rounds if r["gen_tokens"] > rounds[-1]["gen_tokens"] / 2]
+    return statistics.fmean(half) if half else math.nan
+
+
+def round_counts(rows: list[dict], skip_zero_advantage: bool) -> dict:
+    """What the run's rounds did with what they generated, from each round's counters: rollouts
+    generated, of zero advantage (with the filter: not stored; the round's zero_adv_frac x its
+    rollouts, exact for 0/1 rewards, where a mixed group has none of zero advantage), stored, and
+    discarded (generated - zero advantage - stored: the synchronous loop's cap, train.py stores at
+    most the S an update waits for); the rounds, those that stored nothing (empty), those that
+    discarded some, and the optimizer steps."""
+    totals = dict.fromkeys(("rounds", "empty_rounds", "discard_rounds", "generated",
+                            "zero_advantage", "stored", "discarded", "steps"), 0)
+    before = {"rollouts_generated": 0, "rollouts_stored": 0}
+    rounds = round_rows(rows)
+    if skip_zero_advantage and any("zero_adv_frac" not in r for r in rounds):
+        raise CompareError("a round's row has no zero_adv_frac: its zero-advantage rollouts and "
+                           "discards cannot be told apart")
+    for r in rounds:
+        generated = r["rollouts_generated"] - before["rollouts_generated"]
+        stored = r["rollouts_stored"] - before["rollouts_stored"]
+        zero = round(r["zero_adv_frac"] * generated) if skip_zero_advantage else 0
+        discarded = generated - zero - stored
+        totals["rounds"] += 1
+        totals["empty_rounds"] += stored == 0
+        totals["discard_rounds"] += discarded > 0
+        for k, v in (("generated", generated), ("zero_advantage", zero), ("stored", stored),
+                     ("discarded", discarded)):
+            totals[k] += v
+        before = r
+    totals["steps"] = rows[-1]["step"]
+    return totals
+
+
+def rows_path(record_path: str) -> str:
+    """Where a record's metrics rows lie: beside it, <record>.metrics.jsonl.gz."""
+    return record_path[:-len(".json")] + ".metrics.jsonl.gz"
+
+
+def save_rows(record_path: str, run_dir: str) -> None:
+    """The run's metrics.jsonl, every row, gzipped beside its record (the same bytes always give
+    the same file: no name or time in the gzip header), so that its rounds can be counted again."""
+    with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
+        data = f.read()
+    tmp = rows_path(record_path) + ".tmp"
+    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+        out.write(data)
+    os.replace(tmp, rows_path(record_path))
+
+
+def read_rows(record_path: str) -> list[dict]:
+    """The metrics rows kept beside a record (save_rows)."""
+    with gzip.open(rows_path(record_path), "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def discards_possible(argv: list[str]) -> bool | None:
+    """Whether the synchronous loop can throw away rollouts a run of these train.py flags generated:
+    with S (--new-per-update) train.py stores at most S - the new ones already stored. A round
+    stores a multiple of u (G with the zero-advantage filter: whole groups; without it P x G), so
+    before a round at most u (ceil(S / u) - 1) new ones are stored and it has room for at least
+    r = S - u (ceil(S / u) - 1); discards are possible when r < P x G. None lost: with the filter,
+    P = 1 and S a multiple of G; without it, S a multiple of P x G. None: an async run
+    (--generators), whose rounds this rule does not cover."""
+    known, unknown = cli.build_parser(train.Config).parse_known_args(argv)
+    cfg = vars(known)
+    if "generators" not in cfg:             # a train.py before --generators: the flag as given
+        cfg["generators"] = int(flags_differ(argv, []).get("--generators", [0])[0])
+    if cfg["generators"]:
+        return None
+    S, P, G = cfg["new_per_update"], cfg["prompts_per_round"], cfg["num_generations"]
+    if not S:
+        return False
+    u = G if cfg["skip_zero_advantage"] else P * G
+    return S - u * (-(-S // u) - 1) < P * G
 
 
 def record_argv(argv: list[str]) -> list[str]:
@@ -261,13 +391,18 @@ def read_record(record: dict, grid: list[float], name: str = "run") -> dict:
     tail = record["entropy_tail"]
     return {
         "tokens": [r["gen_tokens"] for r in picks],
-        "seconds": [r["gen_seconds"] + r["train_seconds"] for r in picks],
+        # wall seconds of generation and training (evals excluded): the loop's own clock where
+        # they overlap (async), else their sum
+        "seconds": [r.get("wall_seconds", r["gen_seconds"] + r["train_seconds"]) for r in picks],
         # CPU seconds of generation + training (NaN in records older than them)
         "cpu_seconds": [r["gen_cpu_seconds"] + r["train_cpu_seconds"] if "gen_cpu_seconds" in r else math.nan
                         for r in picks],
         "rounds": [r["round"] for r in picks], "steps": [r["step"] for r in picks],
         "accuracy": [r["eval_accuracy"] for r in picks],
         "entropy": statistics.mean(tail) if tail else float("nan"), "R": R, "B": B,
+        **({"entropy_half": record["entropy_second_half"]}
+           if "entropy_second_half" in record else {}),
+        **({"rounds_counted": record["rounds"]} if "rounds" in record else {}),
         "gen_seconds": last["gen_seconds"], "train_seconds": last["train_seconds"],
         "rollouts_generated": last["round"] * R, "rollouts_trained": last["step"] * B,
         **record.get("staleness", {}),          # records written before 2026-12-01 have none (or no ratios)

@@ -85,6 +85,15 @@ def mean_curve(runs: list[dict]) -> dict[str, list[float]]:
             for k in ("accuracy", *X_KEYS) if k in runs[0]}
 
 
+def area(run: dict) -> float:
+    """A run's area under its accuracy against generated tokens, divided by the tokens: its mean
+    accuracy over the tokens (trapezoids between its evals, from 0 to its last eval), which rewards
+    learning early and holding it, without a target."""
+    x, y = run["tokens"], run["accuracy"]
+    trapezoids = ((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(x, x[1:], y, y[1:]))
+    return math.fsum(trapezoids) / (x[-1] - x[0])
+
+
 def target_accuracy(on: list[dict], frac: float = 1.0) -> float:
     """The accuracy to reach: the on-policy arm's start plus frac of its gain to its final accuracy
     (frac 1: the final accuracy itself; below 1, a point on the rise of a curve that saturates,
@@ -194,7 +203,7 @@ def default_pairs(arms) -> list[tuple[str, str]]:
 
 
 def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | None = None,
-            pairs: list[tuple[str, str]] | None = None) -> dict:
+            pairs: list[tuple[str, str]] | None = None, target: float | None = None) -> dict:
     """The figures of one set of replicates (results[arm][i]: replicate i, which starts from model i in
     every arm): the target (from on_policy), each arm's reach of it on its mean curve, held to the end
     (tokens, seconds, rounds, steps; inf: not reached), and first touched ("first": the mean over
@@ -205,9 +214,12 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
     final accuracy and entropy; and for each pair (arm, reference) the ratios arm / reference of
     tokens and measured seconds to hold and to first reach the target, of optimizer steps and CPU
     seconds to hold it, of projected seconds, and the accuracy, instability and entropy differences:
-    out["arms"][arm]["vs"][reference]."""
+    out["arms"][arm]["vs"][reference]. Also each arm's area (the mean over its replicates of area())
+    and, where every run has it, its entropy over the second half of the run ("entropy_half"), with
+    their differences; and the ratio of CPU seconds to first reach. target: fixed before the runs
+    (--target), the same in every draw; None: from on_policy and frac (target_accuracy)."""
     units = units or {}
-    target = target_accuracy(results["on_policy"], frac)
+    target = target_accuracy(results["on_policy"], frac) if target is None else target
     arms = {}
     for name, runs in results.items():
         curve = mean_curve(runs)
@@ -222,7 +234,14 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
                       "evals_in_rise": statistics.median(rises) if None not in rises else math.inf,
                       "instability": statistics.fmean(falls) if falls else math.inf,
                       "final_accuracy": final_accuracy(curve["accuracy"]),
-                      "entropy": statistics.fmean(r["entropy"] for r in runs), "vs": {}}
+                      "entropy": statistics.fmean(r["entropy"] for r in runs),
+                      "area": math.fsum(area(r) for r in runs) / len(runs),
+                      "cpu_known": all(not math.isnan(math.fsum(r.get("cpu_seconds", [math.nan])))
+                                       for r in runs),
+                      # NaN where a record has none (records before issue 52)
+                      "entropy_half": statistics.fmean(r.get("entropy_half", math.nan)
+                                                       for r in runs),
+                      "vs": {}}
     for name, ref in default_pairs(results) if pairs is None else pairs:
         a, o = arms[name], arms[ref]
         a["vs"][ref] = {"token_ratio": ratio(a["tokens"], o["tokens"]), "time_ratio": ratio(a["seconds"], o["seconds"]),
@@ -230,10 +249,15 @@ def figures(results: dict[str, list[dict]], frac: float = 1.0, units: dict | Non
                         "cpu_time_ratio": ratio(a.get("cpu_seconds", math.nan), o.get("cpu_seconds", math.nan)),
                         "first_token_ratio": ratio(a["first"]["tokens"], o["first"]["tokens"]),
                         "first_time_ratio": ratio(a["first"]["seconds"], o["first"]["seconds"]),
+                        "first_cpu_time_ratio": (
+                            ratio(a["first"]["cpu_seconds"], o["first"]["cpu_seconds"])
+                            if a["cpu_known"] and o["cpu_known"] else math.nan),
                         "projected_ratio": {c: ratio(a["projected"][c], o["projected"][c]) for c in units},
                         "accuracy_diff": a["final_accuracy"] - o["final_accuracy"],
                         "instability_diff": difference(a["instability"], o["instability"]),
-                        "entropy_diff": a["entropy"] - o["entropy"]}
+                        "entropy_diff": a["entropy"] - o["entropy"],
+                        "area_diff": a["area"] - o["area"],
+                        "entropy_half_diff": a["entropy_half"] - o["entropy_half"]}
     return {"target": target, "arms": arms}
 
 
@@ -247,17 +271,19 @@ def intervals(draws: list) -> list | dict:
 
 
 def bootstrap(results: dict[str, list[dict]], n: int, seed: int = 0, frac: float = 1.0, units: dict | None = None,
-              pairs: list[tuple[str, str]] | None = None) -> dict:
+              pairs: list[tuple[str, str]] | None = None, target: float | None = None) -> dict:
     """90% intervals of figures(), resampling replicates with replacement. Replicate i of every arm
     starts from the same model with the same seed, so a draw takes the same replicates in every arm
     (replay i with control i and on-policy i): the target is recomputed and every ratio is taken
-    within the draw, never as a ratio of two intervals. Also each arm's not_reached_frac."""
+    within the draw, never as a ratio of two intervals (a target fixed before the runs stays as
+    it is). Also each arm's not_reached_frac."""
     rng = random.Random(seed)
     k = len(results["on_policy"])
     draws = []
     for _ in range(n):
         idx = rng.choices(range(k), k=k)
-        draws.append(figures({a: [runs[i] for i in idx] for a, runs in results.items()}, frac, units, pairs))
+        drawn = {a: [runs[i] for i in idx] for a, runs in results.items()}
+        draws.append(figures(drawn, frac, units, pairs, target))
     out = intervals(draws)
     for a in results:
         out["arms"][a]["not_reached_frac"] = sum(math.isinf(d["arms"][a]["tokens"]) for d in draws) / n
@@ -370,9 +396,16 @@ def pair_entry(point: dict, ci: dict) -> dict:
             "first_reach_token_ratio_ci": finite(ci["first_token_ratio"]),
             "first_reach_time_ratio": finite(point["first_time_ratio"]),
             "first_reach_time_ratio_ci": finite(ci["first_time_ratio"]),
+            **({"first_reach_cpu_time_ratio": finite(point["first_cpu_time_ratio"]),
+                "first_reach_cpu_time_ratio_ci": finite(ci["first_cpu_time_ratio"])}
+               if not math.isnan(point["first_cpu_time_ratio"]) else {}),
             "accuracy_diff": point["accuracy_diff"], "accuracy_diff_ci": ci["accuracy_diff"],
+            "area_diff": point["area_diff"], "area_diff_ci": ci["area_diff"],
             "instability_diff": finite(point["instability_diff"]), "instability_diff_ci": finite(ci["instability_diff"]),
-            "entropy_diff": point["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"]}
+            "entropy_diff": point["entropy_diff"], "entropy_diff_ci": ci["entropy_diff"],
+            **({"entropy_half_diff": point["entropy_half_diff"],
+                "entropy_half_diff_ci": ci["entropy_half_diff"]}
+               if not math.isnan(point["entropy_half_diff"]) else {})}
 
 
 def measured_reuse(arm: str, reuse: list[dict]) -> dict:

@@ -1,5 +1,6 @@
 import argparse
 import json
+import math
 import sys
 import types
 
@@ -614,3 +615,201 @@ def test_a_run_with_no_step_row_is_named_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"prompts_per_round": 4, "num_generations": 4, "batch_size": 16}))
     with pytest.raises(stats.CompareError, match="the run took no optimizer step"):
         records.run_record(str(tmp_path))
+
+
+# ---- issue 52: the design fixed before the powered comparison --------------------------------
+def curve_run(accs, tokens, cpu_share=1.0, **extra):
+    """A constructed run at these tokens: as many rounds and steps as thousands of tokens, 1 s a
+    round, cpu_share of it CPU seconds."""
+    rounds = [t / 1000 for t in tokens]
+    return {**run_of(accs, R=16, B=16), "tokens": tokens, "rounds": rounds, "steps": rounds,
+            "seconds": rounds, "cpu_seconds": [cpu_share * r for r in rounds], **extra}
+
+
+def test_a_fixed_target_first_reach_with_wall_and_cpu_seconds_and_the_area_by_hand():
+    """--target: the target is the one given, in every draw (on-policy's final accuracy would be
+    0.5). First reach of 0.45, by hand: on-policy between 0.3 at 1,000 and 0.5 at 2,000 tokens, 3/4
+    of the way (1,750 tokens, 1.75 s, CPU 1.75 s); replay between 0.1 at 0 and 0.5 at 1,000, 7/8 of
+    the way (875 tokens, 0.875 s, CPU half of it). The area (mean accuracy over the tokens, by
+    trapezoids): on-policy (200 + 400 + 500) / 3000, replay (300 + 500 + 500) / 3000."""
+    tokens = [0, 1000, 2000, 3000]
+    on = [curve_run([0.1, 0.3, 0.5, 0.5], tokens)]
+    rep = [curve_run([0.1, 0.5, 0.5, 0.5], tokens, cpu_share=0.5)]
+    assert stats.area(on[0]) == pytest.approx(1100 / 3000)
+    assert stats.area(rep[0]) == pytest.approx(1300 / 3000)
+    fig = stats.figures({"on_policy": on, "replay": rep}, target=0.45)
+    assert fig["target"] == 0.45
+    assert stats.figures({"on_policy": on, "replay": rep})["target"] == pytest.approx(0.5)
+    first = fig["arms"]["replay"]["first"]
+    assert first["tokens"] == pytest.approx(875) and first["cpu_seconds"] == pytest.approx(0.4375)
+    assert fig["arms"]["on_policy"]["first"]["tokens"] == pytest.approx(1750)
+    vs = fig["arms"]["replay"]["vs"]["on_policy"]
+    assert vs["first_token_ratio"] == pytest.approx(0.5)
+    assert vs["first_time_ratio"] == pytest.approx(0.5)
+    assert vs["first_cpu_time_ratio"] == pytest.approx(0.25)
+    assert vs["area_diff"] == pytest.approx(200 / 3000)
+    ci = stats.bootstrap({"on_policy": on * 3, "replay": rep * 3}, 20, target=0.45)
+    assert ci["target"] == [0.45, 0.45]
+    entry = stats.pair_entry(vs, ci["arms"]["replay"]["vs"]["on_policy"])
+    assert entry["first_reach_cpu_time_ratio"] == pytest.approx(0.25)
+    assert entry["area_diff_ci"] == [pytest.approx(200 / 3000)] * 2
+    assert "entropy_half_diff" not in entry          # no record of these runs has it
+    # a record without CPU seconds (before them): no CPU ratio rather than a made-up one
+    old = [{k: v for k, v in r.items() if k != "cpu_seconds"} for r in rep]
+    vs = stats.figures({"on_policy": on, "replay": old}, target=0.45)["arms"]["replay"]["vs"]
+    assert math.isnan(vs["on_policy"]["first_cpu_time_ratio"])
+
+
+def test_entropy_over_the_second_half_has_its_own_paired_interval():
+    """Replicate i of replay ends its second half 0.1, 0.2 and 0.3 nats below on-policy's (its last
+    5% of steps: level): the point is -0.2, every draw's mean lies within [-0.3, -0.1]."""
+    tokens, accs = [0, 1000, 2000, 3000], [0.1, 0.3, 0.5, 0.5]
+    on = [curve_run(accs, tokens, entropy_half=h) for h in (0.5, 0.6, 0.7)]
+    rep = [curve_run(accs, tokens, entropy_half=h - d)
+           for h, d in ((0.5, 0.1), (0.6, 0.2), (0.7, 0.3))]
+    point = stats.figures({"on_policy": on, "replay": rep})["arms"]["replay"]["vs"]["on_policy"]
+    ci = stats.bootstrap({"on_policy": on, "replay": rep}, 200)["arms"]["replay"]["vs"]["on_policy"]
+    entry = stats.pair_entry(point, ci)
+    assert entry["entropy_half_diff"] == pytest.approx(-0.2) and entry["entropy_diff"] == 0
+    lo, hi = entry["entropy_half_diff_ci"]
+    assert -0.3 - 1e-9 <= lo < -0.2 < hi <= -0.1 + 1e-9
+
+
+def metrics_rows():
+    """A filtered run's rows (S = 8, G = 4, P = 4), made by hand: round 1 stores 5 of its 16 (half
+    its groups all-equal: 8 of zero advantage, so 3 thrown away by the cap) and steps; round 2
+    stores none (every group all-equal: 16 of zero advantage, an empty round, no step); round 3
+    stores 8 (8 of zero advantage) and steps twice (K = 2, two rows of one round). Tokens 100 a
+    round: the second half is rounds 2 and 3."""
+    def c(rnd, step, generated, stored):
+        return {"round": rnd, "step": step, "gen_tokens": 100 * rnd, "gen_seconds": rnd,
+                "train_seconds": step / 2, "rollouts_generated": generated,
+                "rollouts_stored": stored, "rollouts_trained": 16 * step}
+    step = {"is_truncated_frac": 0.0, "age_mean": 0.5, "age_max": 1, "is_ratio_mean": 1.0,
+            "is_ratio_max": 1.2, "left_by_uses": [0, 2]}
+    return [{**c(0, 0, 0, 0), "eval_accuracy": 0.2},
+            {**c(1, 1, 16, 5), "rollout_entropy": 0.9, "zero_adv_frac": 0.5, **step},
+            {**c(2, 1, 32, 5), "rollout_entropy": 0.6, "zero_adv_frac": 1.0, "updates": 0},
+            {**c(3, 2, 48, 13), "rollout_entropy": 0.2, "zero_adv_frac": 0.5, **step},
+            {**c(3, 3, 48, 13), "rollout_entropy": 0.2, "zero_adv_frac": 0.5, **step},
+            {**c(3, 3, 48, 13), "eval_accuracy": 0.3}]
+
+
+def test_rounds_are_counted_from_the_rows_kept_beside_the_record(tmp_path):
+    rows = metrics_rows()
+    cfg = {"prompts_per_round": 4, "num_generations": 4, "batch_size": 16,
+           "skip_zero_advantage": True}
+    record = records.record_of(rows, cfg)
+    assert record["rounds"] == {"rounds": 3, "empty_rounds": 1, "discard_rounds": 1,
+                                "generated": 48, "zero_advantage": 32, "stored": 13, "discarded": 3,
+                                "steps": 3}
+    assert record["entropy_second_half"] == pytest.approx(0.4)     # (0.6 + 0.2) / 2: round 3 once
+    unfiltered = records.record_of(rows, {**cfg, "skip_zero_advantage": False})["rounds"]
+    assert unfiltered["zero_advantage"] == 0 and unfiltered["discarded"] == 48 - 13
+    without = [{k: v for k, v in r.items() if k != "zero_adv_frac"} for r in rows]
+    with pytest.raises(stats.CompareError, match="zero_adv_frac"):
+        records.round_counts(without, True)
+    # the rows, gzipped beside the record, read back as they were; the same rows, the same bytes
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = str(tmp_path / "records" / "on_policy" / "seed0-abc.json")
+    records.save_rows(path, str(run))
+    assert records.rows_path(path).endswith("seed0-abc.metrics.jsonl.gz")
+    assert records.read_rows(path) == rows
+    assert records.record_of(records.read_rows(path), cfg) == record
+    first = open(records.rows_path(path), "rb").read()
+    records.save_rows(path, str(run))
+    assert open(records.rows_path(path), "rb").read() == first
+    last = {"round": 3, "step": 3, "gen_seconds": 3, "train_seconds": 1.5}
+    read = records.read_record({**record, "last": last}, [0, 300])
+    assert read["entropy_half"] == pytest.approx(0.4) and read["rounds_counted"]["discarded"] == 3
+
+
+def simulated_discards(P: int, G: int, S: int, N: int, B: int, filtered: bool,
+                       rounds: int = 3000) -> int:
+    """train.py's synchronous rule, played out: a round stores at most room = max(S - new since the
+    last step, B - buffer fill) of what it keeps (with the filter, the groups with mixed rewards,
+    each of a random number); a step once B are stored and S new."""
+    rng, fill, fresh, thrown = __import__("random").Random(0), 0, 0, 0
+    for _ in range(rounds):
+        kept = G * rng.randint(0, P) if filtered else P * G
+        stored = min(kept, max(S - fresh, B - fill))
+        thrown += kept - stored
+        fill, fresh = min(N, fill + stored), fresh + stored
+        if fill >= B and fresh >= S:
+            fresh = 0
+    return thrown
+
+
+@pytest.mark.parametrize("P, S, filtered, possible", [
+    (4, 16, True, True), (4, 8, True, True),            # the committed SmolLM2 arms: the cap binds
+    (1, 16, True, False), (1, 8, True, False),          # one prompt a round, S a multiple of G
+    (1, 6, True, True),                                 # S not a multiple of G
+    (2, 16, False, False), (4, 8, False, True), (4, 16, False, False)])
+def test_the_rule_for_discards_is_train_pys_played_out(P, S, filtered, possible):
+    G, B = 4, 16
+    flags = ["--prompts-per-round", str(P), "--num-generations", str(G), "--batch-size", str(B),
+             "--buffer-size", str(B)] + (["--skip-zero-advantage"] if filtered else [])
+    assert records.discards_possible(flags + ["--new-per-update", str(S)]) is possible
+    assert (simulated_discards(P, G, S, B, B, filtered) > 0) is possible
+    assert records.discards_possible(flags) is False                  # no S: every round is stored
+    assert records.discards_possible(["--generators", "1"] + flags) is None   # async: not this rule
+
+
+def test_what_two_arms_differ_in_is_their_flags():
+    def arm(N, B, S):
+        return ["--prompts-per-round", "4", "--buffer-size", str(N), "--batch-size", str(B),
+                "--new-per-update", str(S)]
+    replay, control = arm(16, 16, 8), arm(8, 8, 8)
+    assert records.flags_differ(replay, control) == {"--batch-size": [16, 8],
+                                                     "--buffer-size": [16, 8]}
+    assert records.flags_differ(replay, replay) == {}
+    differs = records.flags_differ(["--generators", "1"] + replay, replay)  # known or not
+    assert list(differs) == ["--generators"] and differs["--generators"] in ([1, 0], ["1", None])
+
+
+WIDE = "--prompts-per-round 16 --buffer-size 128 --batch-size 128"
+
+
+def test_an_arm_of_its_own_flags_a_fixed_target_and_more_pairs(tmp_path, compare_runs):
+    """--arm NAME FLAGS runs an arm of those train.py flags; --pairs reads it against another arm,
+    paired, with the flags the two differ in; --target and --target-rule are stored as given; with
+    --records every run's rows lie beside its record and read back."""
+    compare.main(COMMON + ["--output-dir", str(tmp_path / "out"), "--arms", "on_policy", "replay",
+                           "wide", "--arm", "wide", WIDE, "--pairs", "wide:replay", "--target",
+                           "0.3", "--target-rule", "first", "--records", str(tmp_path / "rec")])
+    assert {(c.prompts_per_round, c.buffer_size, c.batch_size) for out, c in compare_runs.runs
+            if "/wide/" in out} == {(16, 128, 128)}
+    s = json.load(open(tmp_path / "out" / "summary.json"))
+    assert s["target_accuracy"] == 0.3 and s["target_accuracy_ci"] == [0.3, 0.3]
+    assert s["target_fixed"] and s["target_rule"] == "first" and "first" in s["target_rules"]
+    wide = s["arms"]["wide"]
+    assert wide["differs"] == {"--batch-size": [128, 256], "--buffer-size": [128, 256],
+                               "--prompts-per-round": [16, 32]}
+    assert wide["vs_other"]["replay"]["differs"] == {"--batch-size": [128, 256],
+                                                     "--buffer-size": [128, 256]}
+    assert wide["discards_possible"] is False and "area_ci" in wide
+    for path in (tmp_path / "rec").glob("*/seed*.json"):
+        out = tmp_path / "out" / path.parent.name / path.name.split("-")[0]
+        rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+        assert records.read_rows(str(path)) == rows
+    assert len(list((tmp_path / "rec").glob("*/seed*.metrics.jsonl.gz"))) == 9
+
+
+ARM = ["--arms", "on_policy", "wide", "--arm", "wide"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (ARM + ["--buffer-size 16 --batch-size 16"], "--arm wide: give --prompts-per-round"),
+    (ARM + [WIDE + " --seed 3"], "--arm wide: --seed is set by compare.py"),
+    (ARM + [WIDE + " --no-such 1"], "unrecognized arguments: --no-such"),
+    (["--arms", "on_policy", "wide"], "--arms wide: no such arm"),
+    (["--arm", "wide", WIDE], "--arm wide: defined but not in --arms"),
+    (["--pairs", "replay:wide"], "--pairs replay:wide: must be ARM:REFERENCE"),
+    (["--target", "1.5"], "--target 1.5: an accuracy in (0, 1)"),
+    (["--target", "0.4", "--target-frac", "0.5"], "--target 0.4 with --target-frac 0.5"),
+])
+def test_an_arm_pair_or_target_that_cannot_be_read_is_refused(tmp_path, capsys, compare_runs, argv,
+                                                              message):
+    assert message in refused(["--output-dir", str(tmp_path)] + argv, capsys, compare_runs)

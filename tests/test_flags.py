@@ -149,6 +149,17 @@ COMPARE = {
     "bootstrap": [("--bootstrap 20", lambda w: w.spied["bootstrap"] == [20] and "(20 resamples)" in w.summary["intervals"])],
     "target_frac": [("--target-frac 0.9", lambda w: w.summary["target_frac"] == 0.9 and w.summary["target_accuracy"]
                      == pytest.approx(compare.target_accuracy(w.on_policy_runs, 0.9)))],
+    "target": [("--target 0.3", lambda w: w.summary["target_accuracy"] == 0.3
+                and w.summary["target_fixed"] and w.summary["target_accuracy_ci"] == [0.3, 0.3]),
+               ("--target 1.5", REFUSED), ("--target 0.3 --target-frac 0.9", REFUSED)],
+    "target_rule": [("--target-rule first", lambda w: w.summary["target_rule"] == "first")],
+    "arm": [("--arms on_policy wide --arm wide '--prompts-per-round 4 --buffer-size 32 "
+             "--batch-size 32'",
+             lambda w: {(c.prompts_per_round, c.batch_size) for c in w.arm("wide")} == {(4, 32)}),
+            ("--arms on_policy wide --arm wide '--prompts-per-round 4'", REFUSED)],
+    "pairs": [("--pairs control:replay",
+               lambda w: "replay" in w.summary["arms"]["control"]["vs_other"]),
+              ("--pairs replay:replay_big", REFUSED)],
     "evals": [("--evals 4", lambda w: len(w.summary["grid_tokens"]) == 5
                and w.each("eval_every_tokens") == {w.summary["grid_tokens"][1]})],
     "early_tokens": [("--early-tokens 2000 --early-evals 4",

@@ -19,7 +19,8 @@ SUMMARIES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(RESULTS, 
 # compare.py's flags added after some summaries were written, at the values that give the code
 # before them (a summary without the flag was computed with it off)
 BEFORE_FLAG = {"early_tokens": 0, "early_evals": None, "gen_shares": [],
-               "skip_zero_advantage": False, "prompts_per_round": 4}
+               "skip_zero_advantage": False, "prompts_per_round": 4,
+               "target": None, "target_rule": "hold", "arm": [], "pairs": []}
 # What a summary stores that is not a figure of its records: the verdict, plain words for the
 # intervals checked here, worded anew since the first summaries (test_compare checks each stored
 # verdict against its own intervals); the name of the sweep's rule before the hold rule.
@@ -122,3 +123,22 @@ def test_every_record_is_read_by_a_summary_under_its_own_key(tmp_path, monkeypat
         assert "python comparison/compare.py" in open(os.path.join(ROOT, folder, "PENDING.md")).read()
     assert set(read) <= set(files)
     assert sorted(set(read) | {f for f in files if f.startswith(tuple(d + os.sep for d in pending))}) == files
+
+
+def test_every_run_s_rows_beside_its_record_read_back_to_that_record():
+    """Records written since issue 52 keep every metrics row of their run beside them, gzipped
+    (records.save_rows), so that empty rounds, discards and ages can be counted afterwards: each
+    such file belongs to a record, and the record made again from its rows is that record; a record
+    that counts its rounds has its rows."""
+    import records
+    pattern = os.path.join(RESULTS, "records", "**", "*.json")
+    for path in glob.glob(pattern, recursive=True):
+        record = json.load(open(path))
+        has_rows = os.path.exists(records.rows_path(path))
+        assert has_rows or "rounds" not in record, f"{path}: counts its rounds but has no rows"
+        if has_rows:
+            again = records.record_of(records.read_rows(path), record["config"], path)
+            assert {**record, **again} == record and again.keys() <= record.keys(), path
+    kept = os.path.join(RESULTS, "records", "**", "*.metrics.jsonl.gz")
+    for rows in glob.glob(kept, recursive=True):
+        assert os.path.exists(rows[:-len(".metrics.jsonl.gz")] + ".json"), f"{rows}: no record"
