@@ -7,6 +7,7 @@ import os
 import pytest
 
 import claims
+import power
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,6 +146,8 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
                  "default_lr1e-3_early.json", "tuned_early.json"):
         stated_figures(claims.read(f"docs/results/{name}"), known)
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
+    stated = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_power.json")))
+    table += power.table(stated) + power.differences_table(stated)     # checked in test_power
     quoted = re.findall(r"(?:(?:\d+\.\d\dx|[+-]\d\.\d{3,4}) )?\[[-+\d][^\]]*\]", " ".join(prose.split()))
     assert len(quoted) >= 15
     for figure in quoted:
