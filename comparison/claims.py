@@ -197,6 +197,19 @@ def pairs_table(paths: tuple = (Y4, REAL), pairs: tuple = tuple(Y4_PAIRS)) -> st
     return "\n".join(lines)
 
 
+def cpu_shares(path: str, arms: tuple) -> list[float]:
+    """Each run's CPU seconds over its wall seconds of generation and training, at its last eval,
+    for the replicates of these arms of a summary: near 1, the run had a core to itself; well below
+    1, it shared the cores with more processes than there were."""
+    s = read(path)
+    runs = [r for a in arms for r in s["arms"][a]["replicates"]]
+    return sorted(r["cpu_seconds"][-1] / r["seconds"][-1] for r in runs)
+
+
+def share_range(shares: list[float]) -> str:
+    return f"{min(shares):.2f}-{max(shares):.2f}"
+
+
 # the lr check: on_policy and replay, 2 RL seeds (0, 1), at half, once and twice the comparison's lr
 LR_CHECK = {lr: f"docs/results/smollm2_lrcheck_{lr}.json" for lr in ("1.25e-4", "2.5e-4", "5e-4")}
 

@@ -166,3 +166,23 @@ def test_the_readme_verdict_quotes_the_results_page():
     assert len(quoted) >= 6
     for figure in quoted:
         assert figure in results, figure
+
+
+def test_which_runs_shared_the_cores_is_what_their_cpu_seconds_say():
+    """The y = 4 section says which runs shared the cores from each record's CPU seconds against its
+    wall seconds (a share of a core near 1: a core to itself); the shares it quotes are the
+    summaries', and the contended runs are the ones the SmolLM2 section names (seeds 0-2 of
+    on_policy and replay, 0-1 of replay_big and control)."""
+    text = " ".join(open(os.path.join(ROOT, "docs", "results.md")).read().split())
+    real = claims.cpu_shares(claims.REAL, ("on_policy", "replay", "replay_big", "control"))
+    y4 = claims.share_range(claims.cpu_shares(claims.Y4, ("replay_y4", "control_y4")))
+    quiet = claims.share_range([x for x in real if x >= 0.9])
+    contended = claims.share_range([x for x in real if x < 0.9])
+    assert (f"every y = 4 run used {y4} of a core, as the comparison's quiet runs did ({quiet}), "
+            f"not its contended ones ({contended})") in text
+    s = claims.read(claims.REAL)
+    shared = {(a, i) for a, e in s["arms"].items() for i, r in enumerate(e["replicates"])
+              if r["cpu_seconds"][-1] / r["seconds"][-1] < 0.9}
+    assert shared == {("on_policy", 0), ("on_policy", 1), ("on_policy", 2), ("replay", 0),
+                      ("replay", 1), ("replay", 2), ("replay_big", 0), ("replay_big", 1),
+                      ("control", 0), ("control", 1)}
