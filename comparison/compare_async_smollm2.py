@@ -29,9 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
-import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -69,18 +69,25 @@ def compare_argv(seeds: int, jobs: int = 2, output_dir: str = "runs/smollm2_asyn
 
 
 def command(argv: list[str]) -> str:
-    """The command as docs/results.md shows it: a flag and its values a line (a long value on the
-    next), within 100 characters."""
+    """The command as docs/results.md shows it, within 100 characters: short flags share a line; a
+    long value of train.py flags is wrapped inside its quotes between two of its flags (shlex.split
+    reads it alike)."""
     groups = [["python comparison/compare.py"]]
     for x in argv:
         if x.startswith("--") and " " not in x:        # a flag of compare.py, not a value of flags
             groups.append([])
         groups[-1].append(shlex.quote(x))
     lines = [" ".join(groups[0])]
-    for g in groups[1:]:        # short flags share a line; a long value of flags is wrapped inside
-        line = " ".join(g)      # its quotes (shlex.split reads it alike)
+    for g in groups[1:]:
+        line = " ".join(g)
         if len(line) > 90:
-            wrapped = textwrap.wrap(line, 90, break_on_hyphens=False, break_long_words=False)
+            units = re.split(r" (?=--)", line)      # each train.py flag with its value
+            wrapped = [units[0]]
+            for unit in units[1:]:
+                if len(wrapped[-1]) + 1 + len(unit) > 90:
+                    wrapped.append(unit)
+                else:
+                    wrapped[-1] += " " + unit
             lines.append("\n        ".join(wrapped))
         elif len(lines) > 1 and "\n" not in lines[-1] and len(lines[-1]) + len(line) < 90:
             lines[-1] += " " + line

@@ -27,7 +27,8 @@ The figures (each pair, each replicate):
       and its last one kept after the budget, raises the reference's mean curve's area A by
       s (a_end - A), a_end its last point (exact for the curve drawn through its evals).
   tokens to first reach the comparison's own target (on-policy's final accuracy): as above, a
-      replicate that never reaches it counted at its last eval (a lower bound: it favours no arm).
+      replicate that never reaches it counted at its last eval (a lower bound of its tokens,
+      which favours its arm).
   final accuracy (the median of the last three evals) and entropy (the last 5% of steps, the
       committed records' only entropy): the smallest difference detected.
 The standard library only.
