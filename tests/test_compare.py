@@ -590,7 +590,7 @@ def test_a_denser_grid_early_and_the_uniform_one_unchanged():
         compare.parse(["--early-tokens", "10", "--early-evals", "6", "--output-dir", "/tmp/x"])
 
 
-def test_a_models_own_defaults_do_not_reach_the_arms():
+def test_a_models_own_defaults_do_not_reach_the_arms(needs_smollm2):
     """compare.py --model smollm2: each arm's run gets train.py's temperature and no zero-advantage
     filter (smollm2's own defaults would change them), unless the arm or --train-args sets them."""
     args = compare.parse(["--model", "smollm2", "--arms", "on_policy", "replay_nonzero", "--output-dir", "/tmp/x"])

@@ -207,7 +207,7 @@ def test_the_gpu_comparison_script_runs_small_on_the_cpu_from_the_gguf_in_parts(
         compare_smollm2.main(["--gguf-parts", *parts, "--output-dir", str(tmp_path / "bad")])
 
 
-def test_model_smollm2_brings_its_own_defaults_for_the_flags_not_given():
+def test_model_smollm2_brings_its_own_defaults_for_the_flags_not_given(needs_smollm2):
     import train
     cfg = train.parse_config(["--model", "smollm2", "--batch-size", "8", "--buffer-size", "16"])
     assert (cfg.task, cfg.prompts_per_round, cfg.num_generations, cfg.temperature, cfg.skip_zero_advantage,
@@ -265,7 +265,7 @@ def test_a_10_mb_question_beyond_the_context_is_refused_naming_its_row(smollm2, 
            "prompt" in err
 
 
-def test_the_committed_cpu_runs_are_of_the_defaults_and_the_docs_state_their_figures():
+def test_the_committed_cpu_runs_are_of_the_defaults_and_the_docs_state_their_figures(needs_smollm2):
     """docs/results/smollm2_cpu_skip_zero/: each run's config is what `--model smollm2 --seed S` gives
     today, its summary is recomputed from its metrics.jsonl, and the usage.md table and the README's
     line hold those figures."""

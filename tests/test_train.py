@@ -249,7 +249,7 @@ def test_new_per_update_gives_each_stored_rollout_y_uses(tmp_path, tiny_path, ca
     assert "K*B/S = 2.00 uses per stored rollout" in said and "this is experience replay" in said
 
 
-def test_the_smollm2_default_says_its_measured_reuse_differs_from_kbr():
+def test_the_smollm2_default_says_its_measured_reuse_differs_from_kbr(needs_smollm2):
     """--model smollm2 stores only informative groups: K*B/R counts the generated rollouts, and the
     start-up line says the stored ones are used more, measured in the summary (no model loaded)."""
     import report
