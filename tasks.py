@@ -309,7 +309,7 @@ def jsonl_task(path: str, reward_mode: str = "strict", max_eval: int = 500) -> T
     usage = "one {\"question\": ..., \"answer\": \"... #### 42\"} per line"
     rows = []
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:    # a byte-order mark (Windows editors) too
             for i, line in enumerate(f, 1):
                 if not line.strip():
                     continue
