@@ -7,22 +7,22 @@
         rng.safetensors      torch's RNG streams       buffer-rank<r> and rng-rank<r>)
         state.json           the loop state, the prompt stream (Python's random), the config
 
-Only tensors and JSON are read: no pickles. Also here, how a run that stops goes on: the first
-Ctrl-C / SIGTERM (StopRequest), which lets the loop finish its step and save before it exits, and
-the one line that names the checkpoint to resume from (how_to_go_on, disk_full_message). The run
-folder these live in (one run's, one writer, a full disk as one line) is runfolder.py's.
+Only tensors and JSON are read: no pickles, and what is read is checked before it is trusted
+(``contents_problem``: a damaged checkpoint is skipped for the newest intact one). How a run that
+stops goes on (the first Ctrl-C, every other ending) is stopping.py's; the run folder these live in
+(one run's, one writer, a full disk as one line) is runfolder.py's.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import math
 import os
+import random
 import re
 import shutil
-import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -140,9 +140,11 @@ def shard_name(kind: str, rank: int) -> str:
     return f"{kind}.safetensors" if rank == 0 else f"{kind}-rank{rank}.safetensors"
 
 
-def read(path: str) -> Checkpoint:
+def read(path: str, check=None) -> Checkpoint:
     """Every file of a checkpoint, read once: this rank's loaded, the other ranks' shards checked
-    (their header and size), so that every rank judges a checkpoint alike. Raises Damaged."""
+    (their header and size), so that every rank judges a checkpoint alike; then its contents
+    checked (``contents_problem``; check: a function of the Checkpoint giving a further problem
+    or None, e.g. token ids against the model's vocabulary). Raises Damaged."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -162,8 +164,8 @@ def read(path: str) -> Checkpoint:
             return list(f.keys())
 
     saved = reading("state.json", read_json)
-    if not isinstance(saved, dict) or not {"state", "python_rng", "config"} <= saved.keys():
-        raise Damaged("state.json (not a saved loop state)")
+    if problem := saved_problem(saved):
+        raise Damaged(f"state.json ({problem})")
     adapter = reading("adapter/adapter_model.safetensors", load_file)
     rank = distributed.rank()
     shards = {}
@@ -175,9 +177,12 @@ def read(path: str) -> Checkpoint:
                 reading(shard_name(kind, r), read_header)
     optimizer = reading("optimizer.pt",
                         lambda p: torch.load(p, map_location="cpu", weights_only=True))
-    return Checkpoint(path.rstrip("/"), upgraded(saved["state"], saved["config"]),
-                      saved["python_rng"], saved["config"], adapter, optimizer,
-                      shards.get("buffer"), shards.get("rng"))
+    found = Checkpoint(path.rstrip("/"), upgraded(saved["state"], saved["config"]),
+                       saved["python_rng"], saved["config"], adapter, optimizer,
+                       shards.get("buffer"), shards.get("rng"))
+    if problem := contents_problem(found) or (check and check(found)):
+        raise Damaged(problem)
+    return found
 
 
 def upgraded(state: dict, config: dict) -> dict:
@@ -191,14 +196,179 @@ def upgraded(state: dict, config: dict) -> dict:
             "eval_reward_errors": 0, "world_size": 1, **state}
 
 
-def newest_readable(run_dir: str) -> Checkpoint | None:
-    """The newest checkpoint of a run folder whose files all read back; says which were skipped."""
+# ---- a checkpoint's contents, checked before they are trusted ------------------------------------
+BUFFER_KEYS = ("prompt_ids", "prompt_lens", "completion_ids", "behaviour_logp", "completion_lens",
+               "reward", "advantage", "policy_version", "baseline", "uses", "generator_state")
+PER_ROLLOUT = ("completion_lens", "reward", "advantage", "policy_version", "baseline", "uses",
+               "temperature")
+
+
+def saved_problem(saved) -> str | None:
+    """Why state.json's contents cannot be a loop state to go on from, or None: its parts, each
+    LoopState field's type (numbers finite; the step and the round >= 0), the prompt stream."""
+    if not isinstance(saved, dict) or not {"state", "python_rng", "config"} <= saved.keys():
+        return "not a saved loop state"
+    state, config = saved["state"], saved["config"]
+    if not isinstance(state, dict) or not isinstance(config, dict):
+        return "not a saved loop state"
+    kinds = {f.name: f.type for f in dataclasses.fields(LoopState)}
+    for name in ("step", "round"):
+        if not isinstance(state.get(name), int) or state[name] < 0:
+            return f"the loop state's {name} is {state.get(name)!r}, not an int >= 0"
+    for name, value in state.items():
+        kind = kinds.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        fits = {"int": isinstance(value, int) and not isinstance(value, bool),
+                "float": number and math.isfinite(value),
+                "float | None": value is None or number and math.isfinite(value),
+                "bool": isinstance(value, bool), "dict": isinstance(value, dict),
+                "list": isinstance(value, list) and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)}
+        if kind is None:
+            return f"the loop state has an unknown field {name!r}"
+        if not fits.get(kind, True):
+            return f"the loop state's {name} is {value!r}, not {kind}"
+    try:
+        version, internal, gauss = saved["python_rng"]
+        random.Random().setstate((version, tuple(internal), gauss))
+    except (TypeError, ValueError) as e:
+        return f"the prompt stream does not read back ({e})"
+    B = config.get("batch_size")
+    if not isinstance(B, int) or isinstance(B, bool) or B <= 0:
+        return f"the config's batch_size is {B!r}"
+    return None
+
+
+def contents_problem(saved: Checkpoint) -> str | None:
+    """Why a checkpoint whose files read back still cannot be trusted, as 'file (reason)', or None:
+    its buffer shard (``buffer_problem``), its RNG streams, and NaN/inf in the adapter or the
+    optimizer state."""
+    if saved.buffer is not None and (problem := buffer_problem(saved.buffer, saved.config,
+                                                               saved.state["step"])):
+        return f"{shard_name('buffer', distributed.rank())} ({problem})"
+    if saved.rng is not None:
+        torch_rng = saved.rng.get("torch")
+        if torch_rng is None or torch_rng.dtype != torch.uint8 or (
+                torch_rng.shape != torch.get_rng_state().shape):
+            return f"{shard_name('rng', distributed.rank())} (not torch's RNG state)"
+    if bad := [k for k, t in saved.adapter.items() if t.is_floating_point() and
+               not torch.isfinite(t).all()]:
+        return f"adapter/adapter_model.safetensors ({bad[0]} holds NaN or inf)"
+    tensors = [t for entry in saved.optimizer.get("state", {}).values() if isinstance(entry, dict)
+               for t in entry.values() if isinstance(t, torch.Tensor)]
+    if not isinstance(saved.optimizer.get("param_groups"), list) or any(
+            t.is_floating_point() and not torch.isfinite(t).all() for t in tensors):
+        return "optimizer.pt (not an optimizer state with finite numbers)"
+    return None
+
+
+def buffer_problem(buffer: dict, config: dict, step: int) -> str | None:
+    """Why a buffer shard (ReplayBuffer.state_dict) cannot be loaded and trained on, or None: a
+    missing key, a tensor of the wrong kind, lengths that do not add up, more rollouts than the
+    buffer holds, a negative token id, log-probs that are not finite or above 0, rewards and
+    baselines that are not finite, advantages beyond what a group of G gives
+    (|A| <= (G - 1) / sqrt(G) for A = (r - mean) / (sample std + 1e-4)), a policy version after
+    the checkpoint's step. Token ids against the vocabulary: ``tokens_problem``, once it is
+    known."""
+    if missing := [k for k in BUFFER_KEYS if k not in buffer]:
+        return f"no {missing[0]}"
+    if flat := [k for k, t in buffer.items() if t.dim() != 1]:
+        return f"{flat[0]} is not a list of numbers"
+    integer = lambda t: not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+    ints = ("prompt_ids", "prompt_lens", "completion_ids", "completion_lens", "policy_version",
+            "uses", "left_by_uses")
+    if wrong := [k for k in ints if k in buffer and not integer(buffer[k])]:
+        return f"{wrong[0]} holds {buffer[wrong[0]].dtype}, not integers"
+    floats = ("behaviour_logp", "reward", "advantage", "baseline", "temperature")
+    if wrong := [k for k in floats if k in buffer and not buffer[k].is_floating_point()]:
+        return f"{wrong[0]} holds {buffer[wrong[0]].dtype}, not real numbers"
+    n = len(buffer["prompt_lens"])
+    if wrong := [k for k in PER_ROLLOUT if k in buffer and len(buffer[k]) != n]:
+        return f"{wrong[0]} has {len(buffer[wrong[0]])} values for {n} rollouts"
+    if n > config.get("buffer_size", n):
+        return f"{n} rollouts, more than the buffer's {config['buffer_size']}"
+    for ids, lens in (("prompt_ids", "prompt_lens"), ("completion_ids", "completion_lens")):
+        if (buffer[lens] < 0).any() or int(buffer[lens].sum()) != len(buffer[ids]):
+            return f"{lens} do not add up to the {len(buffer[ids])} tokens of {ids}"
+        if len(buffer[ids]) and int(buffer[ids].min()) < 0:
+            return f"{ids} holds a negative token id"
+    if len(buffer["behaviour_logp"]) != len(buffer["completion_ids"]):
+        return (f"{len(buffer['behaviour_logp'])} behaviour log-probs for "
+                f"{len(buffer['completion_ids'])} completion tokens")
+    logp = buffer["behaviour_logp"]
+    if not torch.isfinite(logp).all() or (len(logp) and float(logp.max()) > 1e-4):
+        return "behaviour_logp holds NaN, inf or a log-prob above 0"
+    for k in ("reward", "baseline"):
+        if not torch.isfinite(buffer[k]).all():
+            return f"{k} holds NaN or inf"
+    G = config.get("num_generations", 1)
+    bound = (G - 1) / G ** 0.5 + 1e-3 if isinstance(G, int) and G > 0 else math.inf
+    if not torch.isfinite(buffer["advantage"]).all() or (
+            n and float(buffer["advantage"].abs().max()) > bound):
+        return (f"advantage holds NaN, inf or a value beyond {bound:.3f} (a group of G = {G} "
+                "gives no more)")
+    if "temperature" in buffer and not (torch.isfinite(buffer["temperature"]).all()
+                                        and (buffer["temperature"] > 0).all()):
+        return "temperature holds a value that is not a finite number > 0"
+    versions = buffer["policy_version"]
+    if n and (int(versions.min()) < 0 or int(versions.max()) > step):
+        return f"policy_version holds a step outside 0..{step}"
+    if any((buffer[k] < 0).any() for k in ("uses", "left_by_uses") if k in buffer):
+        return "a negative use count"
+    generator = buffer["generator_state"]
+    if generator.dtype != torch.uint8 or generator.shape != torch.Generator().get_state().shape:
+        return "generator_state is not a torch.Generator's state"
+    return None
+
+
+def tokens_problem(buffer: dict | None, vocab_size: int | None) -> str | None:
+    """Why a buffer shard's token ids do not fit a vocabulary of ``vocab_size`` (ids 0 ..
+    vocab_size - 1), or None (also when either is unknown)."""
+    if buffer is None or not vocab_size:
+        return None
+    for ids in ("prompt_ids", "completion_ids"):
+        if len(buffer[ids]) and int(buffer[ids].max()) >= vocab_size:
+            return (f"{shard_name('buffer', distributed.rank())} ({ids} holds token id "
+                    f"{int(buffer[ids].max())}, past the model's vocabulary of {vocab_size})")
+    return None
+
+
+def model_vocab_size(model) -> int:
+    """Rows of the model's input embedding: token ids must be below it."""
+    return model.get_input_embeddings().num_embeddings
+
+
+def newest_readable(run_dir: str, check=None) -> Checkpoint | None:
+    """The newest checkpoint of a run folder that reads back and whose contents pass (``read``,
+    with ``check``); says which were skipped and why."""
     for path in newest_first(run_dir):
         try:
-            return read(path)
+            return read(path, check)
         except Damaged as e:
             distributed.print0(f"skipping {path}: damaged, {e}", file=sys.stderr)
     return None
+
+
+def no_intact_checkpoint(run_dir: str) -> str:
+    """The way forward from a run folder none of whose checkpoints is intact, in words with
+    commands that work as printed: move the checkpoints aside, then --resume starts the run again
+    from its config.json, in this folder; without a config.json, a new run elsewhere."""
+    import shlex
+
+    if not os.path.isfile(os.path.join(run_dir, "config.json")):
+        return ("no checkpoint there is intact, and no config.json to start the run again from: "
+                "start a new run with another --output-dir")
+    aside = os.path.join(run_dir, "damaged")
+    for i in range(2, 1000):
+        if not os.path.exists(aside):
+            break
+        aside = os.path.join(run_dir, f"damaged-{i}")
+    damaged = [os.path.join(run_dir, f"checkpoint-{r}") for r in rounds(run_dir)]
+    quoted = " ".join(map(shlex.quote, damaged))
+    move = f"mkdir {shlex.quote(aside)} && mv {quoted} {shlex.quote(aside)}/"
+    again = distributed.command(f"train.py --resume {shlex.quote(run_dir)}")
+    return (f"no checkpoint there is intact; to start the run again from its config.json in "
+            f"this folder, move them aside: {move}, then: {again}")
 
 
 def swap_in(new: str, final: str, old: str) -> None:
@@ -220,16 +390,21 @@ def swap_in(new: str, final: str, old: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng) -> str:
+def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng,
+         torch_rng: dict | None = None) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then renamed in (``swap_in``: a round saved again replaces its folder
     only once the new one is whole). A crash or a kill at any moment leaves a complete checkpoint
     that ``find`` returns; a full disk (or another limit: runfolder.no_space) removes the
-    half-written one and raises DiskFull naming the file it was writing. Every rank calls it (each
-    writes its buffer shard and RNG state). state: the loop state (its round names the folder);
-    config: the run's (keep_checkpoints: how many stay); rng: the prompt stream."""
+    half-written one and raises DiskFull naming the file it was writing; any other exception (a
+    second Ctrl-C) removes it too, and a second signal waits while the folders are swapped. Only
+    the run's own process saves (runfolder.check_writer: not a child forked from it). Every rank
+    calls it (each writes its buffer shard and RNG state). state: the loop state (its round names
+    the folder); config: the run's (keep_checkpoints: how many stay); rng: the prompt stream;
+    torch_rng: torch's RNG streams to save (rng_states(); default: as they are now)."""
     from safetensors.torch import save_file
 
+    runfolder.check_writer(run_dir)
     round = state["round"]
     final = os.path.join(run_dir, f"checkpoint-{round}")
     tmp = os.path.join(run_dir, f".tmp-checkpoint-{round}")
@@ -241,26 +416,61 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
         current = os.path.join(tmp, name)
         return current
 
-    with runfolder.full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
-        if distributed.is_main():       # what a killed save left (this process holds the lock)
-            settle(run_dir)
+    try:            # the limit is judged (full_disk_as_one_line) before anything is removed
+        with runfolder.full_disk_as_one_line(run_dir, lambda: current, cleanup=tmp):
+            if distributed.is_main():   # what a killed save left (this process holds the lock)
+                settle(run_dir)
+                for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
+                    if re.fullmatch(r"\.tmp-checkpoint-\d+", name):
+                        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+                shutil.rmtree(old, ignore_errors=True)
+                os.makedirs(tmp)
+            distributed.barrier()
+            save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
+            save_file(torch_rng or rng_states(), to(shard_name("rng", distributed.rank())))
+            distributed.barrier()
+            if distributed.is_main():   # weights and optimizer state: the same on every rank
+                model.save_pretrained(to("adapter"))
+                torch.save(optimizer.state_dict(), to("optimizer.pt"))
+                with open(to("state.json"), "w") as f:
+                    json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
+    except BaseException:               # a second Ctrl-C, an error: nothing half-written stays
+        if distributed.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
-            os.makedirs(tmp)
-        distributed.barrier()
-        save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
-        save_file(rng_states(), to(shard_name("rng", distributed.rank())))
-        distributed.barrier()
-        if distributed.is_main():        # the weights and the optimizer state: the same on every rank
-            model.save_pretrained(to("adapter"))
-            torch.save(optimizer.state_dict(), to("optimizer.pt"))
-            with open(to("state.json"), "w") as f:
-                json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
+        raise
+    if distributed.is_main():
+        with signals_held():            # a second Ctrl-C waits: never between the two renames
             swap_in(tmp, final, old)
-            for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
-                remove_round(run_dir, r)
+        for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
+            remove_round(run_dir, r)
     distributed.barrier()
     return final
+
+
+_holding = [0]          # inside signals_held(): > 0
+_deferred: list = []    # a second signal that came meanwhile: raised at the block's end
+
+
+@contextlib.contextmanager
+def signals_held():
+    """A block that a second Ctrl-C / SIGTERM does not cut (stopping.StopRequest.again asks
+    ``deferred``; the KeyboardInterrupt comes at the block's end): the renames of a checkpoint's
+    folders."""
+    _holding[0] += 1
+    try:
+        yield
+    finally:
+        _holding[0] -= 1
+    if not _holding[0] and _deferred:
+        _deferred.clear()
+        raise KeyboardInterrupt
+
+
+def deferred(signum: int) -> bool:
+    """Whether a signal's KeyboardInterrupt waits for the end of a ``signals_held`` block."""
+    if _holding[0]:
+        _deferred.append(signum)
+    return bool(_holding[0])
 
 
 def rng_states() -> dict[str, torch.Tensor]:
@@ -286,7 +496,8 @@ def set_rng_states(states: dict[str, torch.Tensor]) -> None:
 def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     """Put a checkpoint's weights, optimizer state, buffer shard and RNG streams in place. The
     optimizer keeps its learning rate (the one given now: --lr may change on resume). Exits if the
-    ranks hold checkpoints of different rounds."""
+    ranks hold checkpoints of different rounds; raises Damaged if the buffer holds token ids past
+    the model's vocabulary (cli.py checks them before, where it can read the vocabulary)."""
     from peft import set_peft_model_state_dict
 
     at = {"round": saved.state["round"]}
@@ -295,6 +506,9 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
         distributed.exit_all(f"error: the processes resumed from different checkpoints (rounds "
                              f"{low:.0f} and {high:.0f}); resume with --resume "
                              f"{os.path.dirname(saved.path)}/checkpoint-<round>")
+    if problem := tokens_problem(saved.buffer, model_vocab_size(model)):   # unknown before: now
+        raise Damaged(f"{saved.path}: {problem}; resume from an older checkpoint of "
+                      f"{os.path.dirname(saved.path)} (--resume RUN/checkpoint-<round>)")
     set_peft_model_state_dict(model, saved.adapter)
     lrs = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(saved.optimizer)
@@ -313,16 +527,23 @@ def remove_round(run_dir: str, round: int) -> None:
 
 
 def save_adapter(model, folder: str) -> None:
-    """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0, whole
-    or not at all: into .tmp-<name> beside it, then renamed in (swap_in); a full disk removes the
-    half-written one and raises DiskFull."""
+    """The trained LoRA adapter alone (PeftModel.from_pretrained loads it), written by rank 0 of
+    the run's own process (runfolder.check_writer), whole or not at all: into .tmp-<name> beside
+    it, then renamed in (swap_in); a full disk or any other exception removes the half-written
+    one (a full disk raises DiskFull)."""
     if distributed.is_main():
         parent, name = os.path.split(folder.rstrip("/"))
+        runfolder.check_writer(parent)
         tmp, old = os.path.join(parent, f".tmp-{name}"), os.path.join(parent, f".old-{name}")
-        with runfolder.full_disk_as_one_line(parent, tmp, cleanup=tmp):
+        try:        # the limit is judged (full_disk_as_one_line) before anything is removed
+            with runfolder.full_disk_as_one_line(parent, tmp, cleanup=tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(old, ignore_errors=True)
+                model.save_pretrained(tmp)
+        except BaseException:           # a second Ctrl-C, an error: nothing half-written stays
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
-            model.save_pretrained(tmp)
+            raise
+        with signals_held():
             swap_in(tmp, folder, old)
 
 
@@ -347,129 +568,3 @@ def drop_after(run_dir: str, round: int) -> None:
             m = re.fullmatch(r"(\.tmp-|\.old-)?checkpoint-(\d+)", name)
             if m and int(m.group(2)) > round:
                 remove_round(run_dir, int(m.group(2)))
-
-
-# ---- a run that stops: how it goes on, and the first Ctrl-C -------------------------------------
-def disk_full_message(e: runfolder.DiskFull) -> str:
-    """One line: the limit, the file, the disk, the last checkpoint (intact) and how to go on."""
-    where, fix = runfolder.limit_in_words(e.reason, e.run_dir)
-    last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
-    resume = distributed.command(f"train.py --resume {e.run_dir}")
-    then = (f"the last checkpoint, {last}, is intact: {fix}, then {resume}" if last else
-            f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
-            if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
-            f"nothing of the run was saved yet: {fix} and start it again")
-    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
-
-
-class Interrupted(BaseException):
-    """A generation or an eval cut short by the first Ctrl-C / SIGTERM (StopRequest.abortable).
-    The loop puts back what it held before that phase and saves: a resume does it again. A
-    BaseException, so that a reward's ``except Exception`` cannot swallow it."""
-
-
-def how_to_go_on(run_dir: str | None) -> str:
-    """How a run that stopped without saving goes on, in words: from its last checkpoint, or (none
-    yet) started again from its config, each by one command."""
-    if not run_dir or not os.path.isdir(run_dir):
-        return "nothing had been written yet: start the run again"
-    command = distributed.command(f"train.py --resume {run_dir}")
-    last = find(run_dir)
-    if last:
-        return f"the last checkpoint is {last}: resume with {command}"
-    return f"no checkpoint yet: {command} starts the run again from its config"
-
-
-class StopRequest:
-    """The first Ctrl-C / SIGTERM: stop at the next safe point and save a checkpoint there. A
-    generation or an eval under way is cut short at once (it runs inside ``abortable``, which
-    raises Interrupted; the loop saves the state from before it, and a resume does it again); an
-    optimizer step is let finish (seconds). A step that does not finish within ``grace`` seconds
-    exits without saving, naming how the run goes on. A second Ctrl-C or SIGTERM exits at once.
-    With torchrun nothing is cut short (every process must reach the same collectives): each
-    finishes its phase first."""
-
-    def __init__(self, grace: float | None = None):
-        self.signum = None              # the signal this process received
-        self.agreed = None              # the signal that stops the run, once any process has one
-        if grace is None:               # REPLAY_RL_STOP_GRACE: the tests' shorter grace
-            grace = float(os.environ.get("REPLAY_RL_STOP_GRACE", 30))
-        self.grace, self.run_dir, self.watchdog = grace, None, None
-        self.cutting = False            # inside ``abortable``: the signal raises Interrupted there
-        self.second = None              # the second signal, which exits at once
-        self.previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def __call__(self, signum, frame):
-        self.signum = signum
-        signal.signal(signal.SIGINT, self.again)        # a second one: exit at once
-        signal.signal(signal.SIGTERM, self.again)
-        distributed.print0(f"\n{signal.Signals(signum).name}: stopping at the next safe point to "
-                           "save a checkpoint (a generation or an eval under way is cut short and "
-                           f"done again on resume; a step gets at most {self.grace:.0f} s). Ctrl-C "
-                           "again to exit at once, without saving", file=sys.stderr, flush=True)
-        if self.watchdog is None:
-            self.watchdog = threading.Timer(self.grace, self.give_up)
-            self.watchdog.daemon = True
-            self.watchdog.start()
-        if self.cutting:
-            self.cutting = False
-            raise Interrupted(signal.Signals(signum).name)
-
-    def again(self, signum, frame):
-        """The second signal: KeyboardInterrupt, wherever the run is (train.main exits, naming how
-        the run goes on, with 128 + this signal)."""
-        self.second = signum
-        raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def abortable(self, state=None, rng=None):
-        """A phase the first signal cuts short: within this block it raises Interrupted (at once if
-        a signal came before), after putting back what the phase had changed, as it was when the
-        block began: ``state`` (a dataclass, field by field), ``rng`` (a random.Random) and torch's
-        RNG streams; a save and a resume then see the phase as not begun. One process only: with
-        torchrun the block runs to its end."""
-        if distributed.world_size() > 1:
-            yield
-            return
-        before = (dataclasses.asdict(state) if state is not None else {},
-                  rng.getstate() if rng is not None else None, rng_states())
-        try:
-            if self.signum is not None:
-                raise Interrupted(signal.Signals(self.signum).name)
-            self.cutting = True
-            yield
-        except Interrupted:
-            for name, value in before[0].items():
-                setattr(state, name, value)
-            if rng is not None:
-                rng.setstate(before[1])
-            set_rng_states(before[2])
-            raise
-        finally:
-            self.cutting = False
-
-    def give_up(self) -> None:
-        """The step (or, before the run folder exists, the model's loading) did not finish within
-        the grace: exit now, naming how the run goes on."""
-        what = "the step" if self.run_dir else "loading (or building) the model"
-        distributed.print0(f"{what} did not finish within {self.grace:.0f} s of "
-                           f"{signal.Signals(self.signum).name}: exited without saving; "
-                           + how_to_go_on(self.run_dir), file=sys.stderr, flush=True)
-        os._exit(128 + self.signum)
-
-    def saving(self) -> None:
-        """The step finished: the save that follows may take the time it needs."""
-        if self.watchdog is not None:
-            self.watchdog.cancel()
-
-    def requested(self) -> bool:
-        """Whether a signal asked to stop, in any process: all stop at the same step, or the others
-        would wait for it forever (a collective: every process asks at the same points)."""
-        if self.agreed is None:
-            self.agreed = int(distributed.maxima({"signal": self.signum or 0})["signal"]) or None
-        return self.agreed is not None
-
-    def restore(self):
-        self.saving()
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
+import math
 import os
 
 import checkpoint
@@ -85,6 +87,9 @@ def parse(config_class, argv=None, description: str = ""):
     resume from (the newest such one of a run folder)."""
     parser = build_parser(config_class, description)
     cfg = config_class(**vars(parser.parse_args(argv)))
+    # absolute from the start: a reward that changes the working directory moves nothing
+    cfg = dataclasses.replace(cfg, **{name: os.path.abspath(getattr(cfg, name))
+                                      for name in ("output_dir", "resume") if getattr(cfg, name)})
     if not cfg.resume and cfg.model in MODEL_DEFAULTS:     # the flags not given: the model's own
         given = vars(build_parser(config_class, explicit_only=True).parse_args(argv))
         defaults = {k: v for k, v in MODEL_DEFAULTS[cfg.model].items() if k not in given}
@@ -105,7 +110,7 @@ def parse(config_class, argv=None, description: str = ""):
         cfg = config_class(**{**{k: v for k, v in config.items() if k in fields}, **given,
                               "resume": "", "output_dir": cfg.resume})
     elif cfg.resume:
-        saved = resume_point(cfg.resume, parser)
+        saved = resume_point(cfg.resume, parser, config_class)
         config = saved.config
         if problem := stale_demo(config):
             parser.error(f"--resume {saved.path}: {problem}")
@@ -183,25 +188,67 @@ def unsaved_run(path: str) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
-def resume_point(path: str, parser) -> checkpoint.Checkpoint:
-    """The checkpoint --resume names, or the newest of a run folder whose files all read back."""
+def resume_point(path: str, parser, config_class) -> checkpoint.Checkpoint:
+    """The checkpoint --resume names, or the newest of a run folder that reads back and whose
+    contents pass (checkpoint.read: the buffer, the loop state; here also the config's types and
+    the token ids against the model's vocabulary, where it can be read without loading the
+    model). None intact: one line with the way forward (checkpoint.no_intact_checkpoint)."""
+    def check(saved):
+        return (saved_config_problem(config_class, saved.config)
+                or checkpoint.tokens_problem(saved.buffer, vocab_size(
+                    saved.config.get("model"), saved.config.get("trust_remote_code", False))))
+
     found = checkpoint.find(path)
     if found is None:
         parser.error(f"--resume {path}: no checkpoint there (a checkpoint-<round> folder with "
                      "state.json)")
     if found != path.rstrip("/"):                   # a run folder
-        saved = checkpoint.newest_readable(path)
+        saved = checkpoint.newest_readable(path, check)
         if saved is None:
-            parser.error(f"--resume {path}: no checkpoint there reads back (all damaged)")
+            parser.error(f"--resume {path}: {checkpoint.no_intact_checkpoint(path)}")
         return saved
     try:
-        return checkpoint.read(found)
+        return checkpoint.read(found, check)
     except checkpoint.Damaged as e:
-        parser.error(f"--resume {found}: damaged checkpoint, {e}")
+        parser.error(f"--resume {found}: damaged checkpoint, {e}; --resume "
+                     f"{os.path.dirname(found)} takes the newest intact one")
+
+
+def saved_config_problem(config_class, config: dict) -> str | None:
+    """A saved config's field of another type than the Config's (an int where a float goes is
+    fine), as 'state.json (...)', or None."""
+    for f in dataclasses.fields(config_class):
+        value, kind = config.get(f.name, f.default), type(f.default)
+        fits = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                if kind is float else type(value) is kind)
+        if not fits:
+            return f"state.json (the config's {f.name} is {value!r}, not a {kind.__name__})"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def vocab_size(model: str, trust_remote_code: bool = False) -> int | None:
+    """The vocabulary of --model, read without loading the model (its config; the demo model's
+    tokenizer), or None where that cannot be done here (not cached, not installed)."""
+    try:
+        if model == "tiny":
+            import demo_model
+            return len(demo_model.char_tokenizer())
+        from transformers import AutoConfig
+        folder = pretrained.resolve(model, log=lambda line: None)   # smollm2, .gguf: converted
+        if not os.path.isdir(folder):
+            tasks.use_local_cache_if_offline()
+        return int(AutoConfig.from_pretrained(folder,
+                                              trust_remote_code=trust_remote_code).vocab_size)
+    except Exception:                   # checked again once the model is loaded (restore)
+        return None
 
 
 def config_problem(cfg) -> str | None:
     """The first rule the config breaks, as one line naming the field, the value and the rule."""
+    for f in dataclasses.fields(cfg):   # NaN passes every comparison below; inf breaks the run
+        if isinstance(getattr(cfg, f.name), float) and not math.isfinite(getattr(cfg, f.name)):
+            return f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}: must be a finite number"
     for name in ("prompts_per_round", "num_generations", "buffer_size", "batch_size",
                  "updates_per_round", "eval_every", "eval_prompts", "lora_r", "lr",
                  "temperature", "keep_checkpoints", "max_grad_norm",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import filecmp
 import json
 import math
 import os
@@ -71,8 +72,8 @@ def parse(argv=None) -> argparse.Namespace:
     for name in ("eval_prompts", "num_generations"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
-    if args.temperature is not None and args.temperature <= 0:
-        p.error(f"--temperature {args.temperature}: must be > 0")
+    if args.temperature is not None and not 0 < args.temperature < math.inf:
+        p.error(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.temperature is not None and not args.num_generations:
         p.error(f"--temperature {args.temperature}: applies to the samples of --num-generations N; "
                 "the greedy eval has no temperature")
@@ -133,6 +134,13 @@ def locate(path: str, which: str, parser) -> tuple[str, dict | None]:
                      "(state.json) or an adapter folder (adapter_config.json)")
     elif os.path.isfile(os.path.join(path, "adapter", "adapter_config.json")):
         adapter, saved = os.path.join(path, "adapter"), read(path)
+        newest = checkpoint.find(path)
+        weights = lambda folder: os.path.join(folder, "adapter_model.safetensors")
+        if newest and not filecmp.cmp(weights(adapter), weights(os.path.join(newest, "adapter")),
+                                      shallow=False):   # resumed since its end, or abandoned
+            print(f"{adapter} is not the newest checkpoint's: the run went on after it was "
+                  f"written; evaluating {newest} (--checkpoint picks another)", file=sys.stderr)
+            adapter, saved = os.path.join(newest, "adapter"), read(newest)
     elif checkpoint.find(path):             # a run without its final adapter (running, stopped)
         adapter, saved = os.path.join(checkpoint.find(path), "adapter"), read(checkpoint.find(path))
     else:
@@ -216,16 +224,23 @@ def main(argv=None) -> dict:
     reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     # train.py's eval: the training reward, then the task's named ones, in batches of the same size
     fns = loading.eval_rewards(task, reward)
-    with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:
-        scores = rollout.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
-                                        progress=bar)
+    try:
+        with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:
+            scores = rollout.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
+                                            progress=bar)
+    except loading.RewardError as e:    # one line (--on-reward-error zero scores such cases 0)
+        sys.exit(f"error: {e}")
     notes = dict.fromkeys(scores, "greedy")
     notes["eval_accuracy"] = "greedy; the training reward, as in train.py's eval lines"
     n = args.num_generations
     if n:
-        scores.update(pass_rates(sampled_rewards(model, tokenizer, prompts, reward, n=n,
-                                                 max_new_tokens=limit,
-                                                 temperature=args.temperature, top_p=cfg.top_p)))
+        try:
+            scores.update(pass_rates(sampled_rewards(model, tokenizer, prompts, reward, n=n,
+                                                     max_new_tokens=limit,
+                                                     temperature=args.temperature,
+                                                     top_p=cfg.top_p)))
+        except loading.RewardError as e:
+            sys.exit(f"error: {e}")
         notes.update({"pass@1": f"{n} samples a prompt at temperature {args.temperature}: the "
                                 "mean fraction with a reward > 0",
                       f"pass@{n}": f"the fraction of prompts with a reward > 0 in at least one of "

@@ -167,17 +167,36 @@ class RewardTimeout(BaseException):
     own ``except Exception`` does not swallow it; CheckedReward handles it as a reward error."""
 
 
+class RewardError(Exception):
+    """A reward that raised, returned no finite number or took too long, under --on-reward-error
+    raise: one line naming the prompt, the completion and the cause. train.py saves the run at its
+    last safe point (the generation or eval it cut short is done again on resume) and exits."""
+
+
+def ignored_timeout(reason: str, code: int = 1) -> None:
+    """A reward that went on past its time limit, having caught the timeout: nothing in Python can
+    stop such a call, so the process ends, with one line (train.py first saves the run:
+    stopping.StopRequest.rescue)."""
+    try:
+        print(reason, file=sys.stderr, flush=True)
+    finally:
+        os._exit(code)
+
+
 class CheckedReward:
     """The task's reward(prompt, completion), checked: a finite float, within ``timeout`` seconds
-    (0: no limit). One that raises, returns something else or takes longer stops the run with one
-    line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is counted
-    in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a POSIX
-    system only (elsewhere no limit); a call blocked in C code that never checks for signals, or a
-    reward that cancels the timer or replaces its handler, is not cut, but counts as timed out
-    when it returns after its limit."""
+    (0: no limit). One that raises, returns something else or takes longer raises RewardError,
+    one line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is
+    counted in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a
+    POSIX system only (elsewhere no limit); a call blocked in C code that never checks for
+    signals, or a reward that cancels the timer or replaces its handler, is not cut, but counts as
+    timed out when it returns after its limit. A reward that catches the timeout and runs on for
+    another ``timeout`` seconds ends the process through ``stuck`` (train.py: the run is saved as
+    it was before the generation or eval, stopping.StopRequest.rescue)."""
 
     def __init__(self, reward, on_error: str, timeout: float = 0.0):
         self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
+        self.stuck = ignored_timeout    # (reason, exit code): what ends a reward that ignored it
 
     def timed(self, prompt: str, completion: str):
         """The reward's value, or RewardTimeout if the call took longer than the limit (measured
@@ -189,13 +208,20 @@ class CheckedReward:
         if not limited:
             return self.reward(prompt, completion)
         late = f"took longer than {self.timeout:g} s (--reward-timeout)"
+        expired = []
 
         def expire(signum, frame):
+            expired.append(1)
+            if len(expired) > 1:        # the first was caught and the call ran on
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.stuck(f"error: the reward function ignored its --reward-timeout of "
+                           f"{self.timeout:g} s on prompt {prompt!r}: it caught the timeout (a "
+                           f"bare except?) and ran on for {self.timeout:g} s more", 1)
             raise RewardTimeout(late)
         host_delay, host_interval = signal.setitimer(signal.ITIMER_REAL, 0)   # paused meanwhile
         previous = signal.signal(signal.SIGALRM, expire)
         start = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout, self.timeout)    # again if caught
         try:
             value = self.reward(prompt, completion)
         finally:
@@ -213,8 +239,8 @@ class CheckedReward:
             return tasks.real_number(self.timed(prompt, completion))
         except (Exception, RewardTimeout) as e:
             if self.on_error != "zero":
-                sys.exit(f"error: the reward function failed on prompt {prompt!r} with completion "
-                         f"{completion!r}: {type(e).__name__}: {e} (--on-reward-error zero scores "
-                         "such cases 0)")
+                raise RewardError(f"the reward function failed on prompt {prompt!r} with "
+                                  f"completion {completion!r}: {type(e).__name__}: {e} "
+                                  "(--on-reward-error zero scores such cases 0)") from None
             self.errors += 1
             return 0.0

@@ -64,6 +64,7 @@ class Report:
         (a resume cuts what follows; the other ranks write nothing). state: checkpoint.LoopState."""
         if self.metrics is None:
             return
+        runfolder.check_writer(self.run_dir)    # not a process forked from the run
         row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
         # a full disk: one line (train.py); a resume cuts the partial line off
         with runfolder.full_disk_as_one_line(self.run_dir, self.metrics.name):
@@ -274,6 +275,7 @@ def peak_memory(stats: dict, phase: str, model) -> None:
 def save_config(run_dir: str, config: dict) -> None:
     """The run folder, with config.json (rank 0)."""
     if distributed.is_main():
+        runfolder.check_writer(run_dir)
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, "config.json")
         with runfolder.full_disk_as_one_line(run_dir, path):      # a full disk: one line (train.py)
@@ -283,7 +285,26 @@ def save_config(run_dir: str, config: dict) -> None:
 def say(cfg, text: str) -> None:
     """A line of the start-up or end-of-run summary: printed once (rank 0), unless --no-progress."""
     if cfg.progress:
-        distributed.print0(text)
+        try:
+            distributed.print0(text)
+        except BrokenPipeError:         # `train.py | head`: the reader left; the run goes on
+            quiet_stdout()
+
+
+def quiet_stdout() -> None:
+    """stdout to /dev/null from here on: its reader (a pipe) is gone."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def flush_stdout() -> None:
+    """What stdout still holds, written at the end of a run; a reader that left (`train.py |
+    head`) gets nothing more, and Python no BrokenPipeError at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+    except (OSError, ValueError):       # a closed terminal (SIGHUP), a closed stream
+        pass
 
 
 def start(cfg, task, world: int) -> None:

@@ -1,11 +1,12 @@
 """The run folder: one run's, written by one process at a time, each file whole or not at all.
 
 A new run never goes into a folder that holds another run's files (``holds_run``), default names
-are unique (``new_run_dir``), and the process that writes a run folder holds its lock (``lock_run``;
-compare.py and evaluate.py lock what they write with ``lock_folder``). JSON files are written whole
+are unique (``new_run_dir``; absolute), and the process that writes a run folder holds its lock
+(``lock_run``; compare.py and evaluate.py lock what they write with ``lock_folder``); a process
+forked from it writes nothing there (``check_writer``). JSON files are written whole
 or not at all (``write_json``). A write that a full disk, a quota or the file size limit stops is
 recognised whatever raised it (``no_space``) and becomes one line: ``full_disk_as_one_line`` raises
-DiskFull, which train.py words with checkpoint.disk_full_message (naming the checkpoint to resume
+DiskFull, which train.py words with stopping.disk_full_message (naming the checkpoint to resume
 from).
 """
 from __future__ import annotations
@@ -32,8 +33,10 @@ def holds_run(run_dir: str) -> bool:
 
 
 def new_run_dir(parent: str = "runs") -> str:
-    """A new, empty folder parent/<time>, made here; parent/<time>-2, -3, ... when another run
-    started in the same second took that name (mkdir is atomic: two runs never share one)."""
+    """A new, empty folder parent/<time>, made here, as an absolute path (a reward that changes
+    the working directory moves nothing); parent/<time>-2, -3, ... when another run started in
+    the same second took that name (mkdir is atomic: two runs never share one)."""
+    parent = os.path.abspath(parent)
     os.makedirs(parent, exist_ok=True)
     base = os.path.join(parent, time.strftime("%Y%m%d-%H%M%S"))
     for i in range(1, 10_000):
@@ -51,6 +54,8 @@ class RunFolderBusy(Exception):
 
 
 _locks: dict[str, int] = {}             # lock file -> its open, locked descriptor (this process)
+# lock file -> the pid that locked it: a process forked from it inherits this dict, not the lock
+_writers: dict[str, int] = {}
 
 
 def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a resume in progress",
@@ -82,24 +87,52 @@ def lock_folder(folder: str, name: str = ".lock", *, what: str = "a run or a res
         os.close(fd)
         raise RunFolderBusy(f"{folder} is being written by {holder} ({what}): wait for it to end, "
                             f"or use another {other}") from None
-    _locks[path] = fd
+    _locks[path], _writers[path] = fd, os.getpid()
     with full_disk_as_one_line(folder, path):   # unbuffered: nothing is left to flush at exit
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}\n".encode())
 
 
 def claim_run_folder(output_dir: str) -> str:
-    """train.py's run folder, locked: output_dir, or rank 0's runs/<time> (the processes' clocks
-    may straddle a second). One that another process holds is a one-line exit on every rank."""
-    out = distributed.broadcast(output_dir or (new_run_dir() if distributed.is_main() else ""))
-    busy = ""
+    """train.py's run folder, locked, as an absolute path: output_dir, or rank 0's runs/<time>
+    (the processes' clocks may straddle a second). One that another process holds, or that
+    cannot be written (a file, a read-only disk, a folder we may not write), is a one-line exit
+    on every rank."""
+    busy, out = "", os.path.abspath(output_dir) if output_dir else ""
     try:                                # one process writes a run folder at a time
+        out = distributed.broadcast(out or (new_run_dir() if distributed.is_main() else ""))
         lock_run(out)
     except RunFolderBusy as e:
         busy = str(e)
+    except OSError as e:                # DiskFull is no OSError: its own line (train.py)
+        busy = unwritable(out or os.path.abspath("runs"), e)
     if busy := distributed.broadcast(busy):
         distributed.exit_all(f"error: {busy}", 2)
     return out
+
+
+def unwritable(folder: str, e: OSError) -> str:
+    """One line: why a run folder cannot be written (the OS's words), and what to do."""
+    what = ("is a file, not a folder" if os.path.isfile(folder) else
+            f"cannot be written ({e.strerror or type(e).__name__}"
+            + (f": {e.filename}" if e.filename and e.filename != folder else "") + ")")
+    return f"--output-dir {folder}: {what}; give another --output-dir"
+
+
+class NotTheWriter(RuntimeError):
+    """A write into a run folder from a process that does not hold its lock: a process forked
+    from the run (a reward's child, a worker) never writes into the run's folder."""
+
+
+def check_writer(folder: str) -> None:
+    """Raise NotTheWriter if this process was forked from the one that locked ``folder``: only
+    the run's own process saves, writes metrics or the adapter (a child of a reward that forks
+    runs a copy of the trainer, stop handler and all). A folder no process here locked is free
+    (tests and tools write checkpoints without a run)."""
+    owner = _writers.get(os.path.realpath(os.path.join(folder, ".lock")))
+    if owner is not None and owner != os.getpid():
+        raise NotTheWriter(f"pid {os.getpid()} may not write into {folder}: the run's own process "
+                           f"(pid {owner}) writes it, a process forked from it never does")
 
 
 def lock_run(run_dir: str) -> None:
@@ -110,7 +143,10 @@ def lock_run(run_dir: str) -> None:
 def unlock_runs() -> None:
     """Release this process's folder locks (a run in this process ended)."""
     while _locks:
-        os.close(_locks.popitem()[1])
+        path, fd = _locks.popitem()
+        if _writers.get(path) == os.getpid():   # a forked child closes its copy, stays no writer
+            del _writers[path]
+        os.close(fd)
 
 
 # ---- whole or not at all, and a full disk in one line -----------------------------------------
@@ -135,7 +171,7 @@ FILE_SIZE_LIMIT = "the file size limit is reached"
 class DiskFull(Exception):
     """A write stopped by a limit of the file system (``no_space``): ``path`` the file, ``run_dir``
     its run folder, ``reason`` which limit. train.py makes it one line
-    (checkpoint.disk_full_message)."""
+    (stopping.disk_full_message)."""
 
     def __init__(self, run_dir: str, path: str, reason: str = DISK_FULL):
         super().__init__(path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 from dataclasses import asdict, dataclass, field, replace
 
@@ -27,6 +26,7 @@ import replay_rl
 import report
 import rollout
 import runfolder
+import stopping
 import tasks
 from buffer import ReplayBuffer
 from checkpoint import LoopState     # the loop's counters: what a checkpoint keeps besides tensors
@@ -150,7 +150,7 @@ class Run:
     state: LoopState
     report: report.Report | None = None
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
-    stop: checkpoint.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts a generation short
+    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts a generation short
 
 
 def parse_config(argv=None) -> Config:
@@ -161,7 +161,7 @@ def parse_config(argv=None) -> Config:
 def main(argv=None) -> dict:
     """python train.py [flags]: the config, the task, then the loop (Ctrl-C: save, then exit;
     Ctrl-C twice: exit at once, naming how the run goes on)."""
-    stop = checkpoint.StopRequest()     # from here on, a first Ctrl-C keeps the run
+    stop = stopping.StopRequest()       # from here on, a first Ctrl-C keeps the run
     try:
         cfg, saved = cli.parse(Config, argv, __doc__)
         report.quiet_libraries()
@@ -172,23 +172,24 @@ def main(argv=None) -> dict:
     except torch.OutOfMemoryError:
         sys.exit(f"error: {cli.OOM_HELP}")
     except runfolder.DiskFull as e:
-        sys.exit(f"error: {checkpoint.disk_full_message(e)}")
-    except KeyboardInterrupt:           # a second signal
-        distributed.exit_all(f"\ninterrupted again: exited at once, without saving; "
-                             f"{checkpoint.how_to_go_on(stop.run_dir)}",
-                             128 + (stop.second or signal.SIGINT))
+        sys.exit(f"error: {stopping.disk_full_message(e)}")
+    except checkpoint.Damaged as e:     # seen once the model loaded: token ids past its vocabulary
+        distributed.exit_all(f"error: --resume: damaged checkpoint, {e}", 2)
+    except KeyboardInterrupt as e:      # a second signal
+        stop.interrupted_again(e)
     finally:
         stop.restore()
         runfolder.unlock_runs()
+        report.flush_stdout()           # `train.py | head`: no BrokenPipeError at exit
 
 
 # ---- the loop -------------------------------------------------------------------------------
-def train(cfg: Config, task: tasks.Task, stop: checkpoint.StopRequest,
+def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
     """The loop of the README: each round generate, add to the buffer, K updates; eval, save."""
     run = setup(cfg, task, saved)
     run.stop = stop
-    stop.run_dir = run.out              # what a stop that cannot finish its step names
+    stop.watch(run)                     # a stop that cannot wait saves the last safe point
     state = run.state
     try:
         if state.first_accuracy is None:
@@ -204,8 +205,12 @@ def train(cfg: Config, task: tasks.Task, stop: checkpoint.StopRequest,
             if stop.requested():
                 save_and_exit(run, stop)
         return finish(run)
-    except checkpoint.Interrupted:      # a generation or an eval cut short: a resume redoes it
+    except stopping.Interrupted:        # a generation or an eval cut short: a resume redoes it
         save_and_exit(run, stop)
+    except BaseException as e:          # any other ending keeps the run too: a reward's error, an
+        if not stop.keeps_run_after(e):     # exception, SystemExit or KeyboardInterrupt raised
+            raise                           # by code (not a second signal)
+        save_and_exit(run, stop, cause=e)
 
 
 def generate_round(run: Run) -> None:
@@ -318,14 +323,12 @@ def save(run: Run) -> str:
                            optimizer=run.optimizer, buffer=run.buffer, rng=run.rng)
 
 
-def save_and_exit(run: Run, stop: checkpoint.StopRequest) -> None:
-    """The stop's checkpoint at a safe point (after a step, before a phase cut short), then exit."""
-    stop.saving()                       # the step finished in time
-    path = save(run)
-    run.report.close()
-    distributed.print0(f"interrupted: checkpoint saved to {path}\nresume with: "     # or torchrun
-                       f"{distributed.command(f'train.py --resume {run.out}')}", file=sys.stderr)
-    sys.exit(128 + (stop.agreed or stop.signum))    # cut short: one process, its own signal
+def save_and_exit(run: Run, stop: stopping.StopRequest, cause: BaseException | None = None):
+    """The run's checkpoint at its last safe point (after a step, or before a generation or an eval
+    cut short: a resume does it again), then exit naming what ended the run (the first signal, or
+    ``cause``: a reward's error, an exception, SystemExit or KeyboardInterrupt raised by code),
+    the checkpoint and the command that resumes it."""
+    stop.end(run, save, cause)
 
 
 def finish(run: Run) -> dict:

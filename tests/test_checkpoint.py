@@ -271,8 +271,9 @@ def test_reward_error_names_prompt_and_completion_or_scores_zero(tmp_path, tiny_
     monkeypatch.setattr(tasks, "load_task", flaky_task)
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path / "a"), "--max-rounds", "2"])
-    msg = str(e.value.code)
-    assert "ZeroDivisionError" in msg and "prompt '" in msg and "completion '" in msg
+    msg = capsys.readouterr().err.strip().splitlines()[-1]      # the run saved, then one line
+    assert e.value.code == 1 and "ZeroDivisionError" in msg and "prompt '" in msg
+    assert "completion '" in msg and f"resume with: python train.py --resume {tmp_path / 'a'}" in msg
     result = train.main(SMALL + ["--output-dir", str(tmp_path / "b"), "--max-rounds", "2",
                                  "--on-reward-error", "zero", "--eval-prompts", "5"])
     assert result["reward_errors"] > 0
@@ -307,7 +308,9 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 
 
-def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
+def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch, capsys):
+    """Out of memory in a step: the run is saved before it (checkpoint-1: round 1 generated, its
+    step not taken), then one line lists the knobs and names the resume."""
     import replay_rl
 
     def oom(*a, **k):
@@ -316,8 +319,10 @@ def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch):
     monkeypatch.setattr(replay_rl, "update_step_engineered", oom)
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
-    msg = str(e.value.code)
-    assert "out of GPU memory" in msg and "--load-in-4bit" in msg and "--micro-batch-size" in msg
+    msg = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 1 and "out of GPU memory" in msg and "--load-in-4bit" in msg
+    assert "--micro-batch-size" in msg and f"saved to {tmp_path / 'checkpoint-1'}" in msg
+    assert checkpoint.read(str(tmp_path / "checkpoint-1")).state["pending_updates"] == 2
 
 
 @pytest.mark.slow

@@ -145,7 +145,9 @@ def start_hanging(tmp_path, args, after, **env):
 
 
 @pytest.mark.slow
-def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_path, tiny_path):
+def test_a_stop_whose_step_hangs_exits_in_time_saving_the_run_before_that_step(tmp_path, tiny_path):
+    """Past the grace the hanging step (round 3's) is given up: the run as it was before it, round 3
+    generated and its step to take, is saved from the watchdog thread."""
     run = str(tmp_path / "run")
     proc = start_hanging(tmp_path, SMALL + ["--save-every", "1", "--max-rounds", "100", "--output-dir", run], 3,
                          REPLAY_RL_STOP_GRACE="2")
@@ -153,10 +155,11 @@ def test_a_stop_whose_step_hangs_exits_in_time_naming_the_last_checkpoint(tmp_pa
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT
-    assert "a step gets at most 2 s" in err
-    last = checkpoint.find(run)
-    assert last and (f"did not finish within 2 s of SIGINT: exited without saving; the last checkpoint is {last}: "
-                     f"resume with python train.py --resume {run}") in err
+    assert "a step gets 2 s, then the state before it is saved" in err
+    last = os.path.join(run, "checkpoint-3")
+    assert (f"the step did not finish within 2 s of SIGINT: saved the run as it was before the step "
+            f"to {last}; resume with: python train.py --resume {run}") in err
+    assert checkpoint.find(run) == last and checkpoint.read(last).state["pending_updates"] == 1
 
 
 @pytest.mark.slow

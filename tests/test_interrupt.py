@@ -110,27 +110,55 @@ def start(args, **env):
                             env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **env})
 
 
+def run_hanging(code: str, run: str) -> str:
+    """Run ``code`` in a process of its own with a stop grace of 2 s; its stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
+                                 "REPLAY_RL_STOP_GRACE": "2"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    return err
+
+
 @pytest.mark.slow
-def test_a_step_that_hangs_before_any_checkpoint_names_the_restart_which_works(tmp_path, tiny_path):
-    """Past the grace the stop exits without saving: with no checkpoint yet, the folder is not a
-    dead end: the message names --resume, which starts the run again from its config."""
+def test_a_step_longer_than_the_grace_keeps_the_run_and_resume_continues_exactly(
+        tmp_path, uninterrupted):
+    """Issue 54: the first Ctrl-C during a step that outlasts the grace (a large batch on a CPU)
+    lost the run. Now the state from before that step is saved from the watchdog, the process
+    exits, and the resume takes the step again: the same metrics as a run never stopped."""
     run = str(tmp_path / "run")
-    code = textwrap.dedent(f"""
+    err = run_hanging(f"""
         import os, signal, time, replay_rl, train
-        def hanging_step(*args, **kwargs):
+        def hanging_step(*args, **kwargs):      # round 1's first step, far longer than the grace
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(60)
         replay_rl.update_step_engineered = hanging_step
         train.main({FLAGS + ['--output-dir', run]!r})
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
-                                 "REPLAY_RL_STOP_GRACE": "2"})
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT
-    assert (f"did not finish within 2 s of SIGINT: exited without saving; no checkpoint yet: "
-            f"python train.py --resume {run} starts the run again from its config") in err
+    """, run)
+    assert (f"the step did not finish within 2 s of SIGINT: saved the run as it was before the "
+            f"step to {run}/checkpoint-1; resume with: python train.py --resume {run}") in err
+    assert checkpoint.read(os.path.join(run, "checkpoint-1")).state["pending_updates"] == 2
+    train.main(["--resume", run])
+    assert lines(run) == uninterrupted
+
+
+@pytest.mark.slow
+def test_an_optimizer_step_that_hangs_names_the_restart_which_works(tmp_path, tiny_path):
+    """Inside the optimizer's own step the weights are half changed: nothing there is saved. After
+    the grace given twice the stop exits; with no checkpoint yet the folder is not a dead end: the
+    message names --resume, which starts the run again from its config."""
+    run = str(tmp_path / "run")
+    err = run_hanging(f"""
+        import os, signal, time, torch, train
+        def hanging(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+        torch.optim.AdamW.step = hanging
+        train.main({FLAGS + ['--output-dir', run]!r})
+    """, run)
+    assert (f"the step did not finish within 2 s of SIGINT: exited without saving; no checkpoint "
+            f"yet: python train.py --resume {run} starts the run again from its config") in err
     assert checkpoint.find(run) is None
     result = train.main(["--resume", run, "--max-rounds", "1"])
     assert result["round"] == 1 and result["step"] == 2

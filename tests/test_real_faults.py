@@ -33,7 +33,7 @@ WRITERS = textwrap.dedent(r"""
     import contextlib, json, os, random, resource, shutil, signal, sys, types
     import torch
     from safetensors.torch import save_file
-    import checkpoint, curves, evaluate, report, runfolder
+    import checkpoint, curves, evaluate, report, runfolder, stopping
 
     results, cases = sys.argv[1], [arg.split(":", 2) for arg in sys.argv[2:]]   # limit:folder:name
     BIG = 100_000                       # floats: 400 kB, past the limit (200 kB)
@@ -49,11 +49,17 @@ WRITERS = textwrap.dedent(r"""
             with open(os.path.join(folder, "adapter_config.json"), "w") as f:
                 json.dump({"r": 1}, f)
 
-    class Buffer:
-        def __init__(self, n):
-            self.n = n
+    class Buffer:                       # one rollout of n prompt tokens, as ReplayBuffer saves it
+        def __init__(self, n, sampler=True):
+            self.n, self.sampler = n, sampler
         def state_dict(self):
-            return {"x": torch.zeros(self.n)}
+            one = lambda dtype: torch.zeros(1, dtype=dtype)
+            return {"prompt_ids": torch.zeros(self.n, dtype=torch.long),
+                    "prompt_lens": torch.tensor([self.n]), "completion_ids": one(torch.long),
+                    "completion_lens": torch.tensor([1]), "behaviour_logp": one(torch.float32),
+                    **{k: one(torch.float64) for k in ("reward", "advantage", "baseline")},
+                    "policy_version": one(torch.long), "uses": one(torch.long),
+                    **({"generator_state": torch.Generator().get_state()} if self.sampler else {})}
 
     def save(run, round, big=""):
         n = lambda part: BIG if part == big else 10
@@ -62,9 +68,13 @@ WRITERS = textwrap.dedent(r"""
         param.grad = torch.ones_like(param)
         optimizer.step()
         note = "x" * (4 * BIG if big == "state.json" else 1)
-        checkpoint.save(run, {"round": round, "step": round, "note": note},
-                        {"batch_size": 4, "keep_checkpoints": 2}, model=Adapter(n("adapter")),
-                        optimizer=optimizer, buffer=Buffer(n("buffer.safetensors")),
+        checkpoint.save(run, {"round": round, "step": round},
+                        {"batch_size": 4, "keep_checkpoints": 2, "note": note},
+                        model=Adapter(n("adapter")),
+                        optimizer=optimizer,
+                        # the rng case's limit, 2 kB: its buffer file must be smaller (without its
+                        # 5 kB sampler state; that checkpoint is never whole, never read)
+                        buffer=Buffer(n("buffer.safetensors"), sampler=big != "rng.safetensors"),
                         rng=random.Random(0))
 
     def limit(folder, size=200_000):
@@ -99,7 +109,7 @@ WRITERS = textwrap.dedent(r"""
             except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
                 result["resumes_from"] = checkpoint.read(checkpoint.find(run)).state["round"]
-                sys.exit(f"error: {checkpoint.disk_full_message(e)}")
+                sys.exit(f"error: {stopping.disk_full_message(e)}")
         elif name in (".lock", "config.json"):     # a disk full from the start
             limit(run, 0 if name == ".lock" else 200_000)
             try:
@@ -109,7 +119,7 @@ WRITERS = textwrap.dedent(r"""
                     report.save_config(run, {"note": "x" * 4 * BIG})
             except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
-                sys.exit(f"error: {checkpoint.disk_full_message(e)}")
+                sys.exit(f"error: {stopping.disk_full_message(e)}")
         elif name == "metrics.jsonl":
             cfg = types.SimpleNamespace(plot=False, report_to="none", progress=False, max_rounds=1)
             state = types.SimpleNamespace(**dict.fromkeys(report.COUNTERS, 0))
@@ -120,7 +130,7 @@ WRITERS = textwrap.dedent(r"""
                 log.row(state, {"note": "x" * 4 * BIG})
             except runfolder.DiskFull as e:
                 result["listing"] = listing(run)
-                sys.exit(f"error: {checkpoint.disk_full_message(e)}")
+                sys.exit(f"error: {stopping.disk_full_message(e)}")
         elif name == "final adapter":
             checkpoint.save_adapter(Adapter(10), os.path.join(run, "adapter"))
             limit(run)
@@ -130,7 +140,7 @@ WRITERS = textwrap.dedent(r"""
                 result["listing"] = listing(run)
                 weights = os.path.join(run, "adapter", "adapter_model.safetensors")
                 result["kept"] = os.path.getsize(weights)
-                sys.exit(f"error: {checkpoint.disk_full_message(e)}")
+                sys.exit(f"error: {stopping.disk_full_message(e)}")
         elif name == "eval.json":
             evaluate.write(os.path.join(run, "eval.json"), {"eval_accuracy": 0.5})
             limit(run)
@@ -323,6 +333,7 @@ KILLED_SAVE = textwrap.dedent(r"""
     import json, os, random, shutil, sys
     import torch
     from safetensors.torch import save_file
+    from buffer import ReplayBuffer
     import checkpoint
 
     run, pristine = sys.argv[1], sys.argv[1] + ".pristine"
@@ -332,15 +343,12 @@ KILLED_SAVE = textwrap.dedent(r"""
             os.makedirs(folder, exist_ok=True)
             save_file({"lora_A": torch.zeros(2)}, os.path.join(folder, "adapter_model.safetensors"))
 
-    class Buffer:
-        def state_dict(self):
-            return {"x": torch.zeros(2)}
-
     def save(version):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-        checkpoint.save(run, {"round": 1, "step": 1, "version": version},
-                        {"batch_size": 4, "keep_checkpoints": 1}, model=Adapter(),
-                        optimizer=optimizer, buffer=Buffer(), rng=random.Random(0))
+        checkpoint.save(run, {"round": 1, "step": 1},
+                        {"batch_size": 4, "keep_checkpoints": 1, "version": version},
+                        model=Adapter(), optimizer=optimizer, buffer=ReplayBuffer(4),
+                        rng=random.Random(0))
 
     save(1)                             # round 1 saved at the end of the round ...
     shutil.copytree(run, pristine)
@@ -364,7 +372,7 @@ KILLED_SAVE = textwrap.dedent(r"""
         path = checkpoint.find(run)
         saved = checkpoint.read(path) if path else None
         found.append([os.waitstatus_to_exitcode(status), path and os.path.basename(path),
-                      saved and saved.state["version"], sorted(os.listdir(run))])
+                      saved and saved.config["version"], sorted(os.listdir(run))])
         shutil.rmtree(run)
         shutil.copytree(pristine, run)
     print(json.dumps(found))
@@ -485,11 +493,11 @@ def test_a_reward_of_a_numpy_or_torch_scalar_counts_and_one_that_is_no_number_is
             reward("1+2=", "3")
         assert str(refusal.value).startswith(f"--reward {path}:{name} returned ")
         assert words in str(refusal.value)
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(loading.RewardError) as e:      # train.py saves the run, then exits
             loading.CheckedReward(reward, "raise")("1+2=", "3")
-        assert str(e.value.code).startswith("error: the reward function failed on prompt '1+2=' "
-                                            "with completion '3'")
-        assert words in str(e.value.code) and "\n" not in str(e.value.code)
+        assert str(e.value).startswith("the reward function failed on prompt '1+2=' "
+                                       "with completion '3'")
+        assert words in str(e.value) and "\n" not in str(e.value)
         checked = loading.CheckedReward(reward, "zero")
         assert checked("1+2=", "3") == 0.0 and checked.errors == 1
 
@@ -512,7 +520,7 @@ def test_a_reward_that_cancels_the_alarm_still_times_out(alarm_restored):
 
     checked = loading.CheckedReward(cancels, "zero", timeout=0.3)
     assert checked("p", "c") == 0.0 and checked.errors == 1
-    with pytest.raises(SystemExit, match="RewardTimeout: took longer than 0.3 s"):
+    with pytest.raises(loading.RewardError, match="RewardTimeout: took longer than 0.3 s"):
         loading.CheckedReward(cancels, "raise", timeout=0.3)("p", "c")
 
 

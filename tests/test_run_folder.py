@@ -134,7 +134,7 @@ def test_a_temperature_that_trains_nothing_and_a_reward_that_is_no_number_are_re
     assert e.value.code == 2 and "--temperature 1e-08: below 0.01" in one_line_error(capsys)
     assert not os.path.exists(tmp_path / "t")
     reward = loading.CheckedReward(lambda p, c: "1.0", "raise")
-    with pytest.raises(SystemExit, match="returned str '1.0', not a number"):
+    with pytest.raises(loading.RewardError, match="returned str '1.0', not a number"):
         reward("1+2=", "3")
     assert loading.CheckedReward(lambda p, c: "1.0", "zero")("1+2=", "3") == 0.0
     assert [loading.CheckedReward(lambda p, c, v=v: v, "raise")("p", "c") for v in (True, 1, 0.5)] == [1.0, 1.0, 0.5]

@@ -1,0 +1,394 @@
+"""How a run that stops goes on. The first Ctrl-C / SIGTERM / SIGHUP (StopRequest) stops the loop
+at its next safe point, which saves a checkpoint and names the command that resumes it; every
+other ending does the same (StopRequest.end: a reward's error, an exception, SystemExit or
+KeyboardInterrupt raised by code). What cannot wait (a step longer than the grace, a reward that
+catches the stop or ignores its time limit) has the run saved as it was at its last safe point,
+from the watchdog thread. Only the run's own process stops so and saves: a process forked from it
+(a reward's child) behaves as if no handler were installed and writes nothing into the run folder.
+A second signal exits at once, naming how the run goes on (how_to_go_on, disk_full_message).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import traceback
+
+import torch
+
+import checkpoint
+import distributed
+import runfolder
+from checkpoint import find, rng_states, set_rng_states
+
+
+def disk_full_message(e: runfolder.DiskFull) -> str:
+    """One line: the limit, the file, the disk, the last checkpoint (intact) and how to go on."""
+    where, fix = runfolder.limit_in_words(e.reason, e.run_dir)
+    last = find(e.run_dir) if os.path.isdir(e.run_dir) else None
+    resume = distributed.command(f"train.py --resume {e.run_dir}")
+    then = (f"the last checkpoint, {last}, is intact: {fix}, then {resume}" if last else
+            f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
+            if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
+            f"nothing of the run was saved yet: {fix} and start it again")
+    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
+
+
+class Interrupted(BaseException):
+    """A generation or an eval cut short by the first Ctrl-C / SIGTERM (StopRequest.abortable).
+    The loop puts back what it held before that phase and saves: a resume does it again. A
+    BaseException, so that a reward's ``except Exception`` cannot swallow it."""
+
+
+def how_to_go_on(run_dir: str | None) -> str:
+    """How a run that stopped without saving goes on, in words: from its last checkpoint, or (none
+    yet) started again from its config, each by one command."""
+    if not run_dir or not os.path.isdir(run_dir):
+        return "nothing had been written yet: start the run again"
+    command = distributed.command(f"train.py --resume {run_dir}")
+    last = find(run_dir)
+    if last:
+        return f"the last checkpoint is {last}: resume with {command}"
+    return f"no checkpoint yet: {command} starts the run again from its config"
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))     # SIGHUP: the terminal was closed
+SECOND_GRACE = 5        # s: a second signal that the running code caught ends the process anyway
+
+
+class Ended(SystemExit):
+    """The run's end, its checkpoint saved and its last line printed: exits as it is (the loop's
+    handler of every other ending lets it through)."""
+
+
+def say(line: str) -> None:
+    """A line on stderr (rank 0); dropped when stderr is gone (a closed terminal, a closed pipe)."""
+    try:
+        distributed.print0(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def ending_in_words(e: BaseException) -> str:
+    """What ended a run, for its last line: a reward's error and a SystemExit's message as they
+    are (the loop's own 'Last checkpoint' dropped: the saved one follows), out of GPU memory as
+    the knobs that help, else the exception, its first line and where it was raised."""
+    from cli import OOM_HELP
+    from loading import RewardError
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (raised at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" \
+        if frames else ""
+    if isinstance(e, (RewardError, torch.OutOfMemoryError)):
+        return str(e) if isinstance(e, RewardError) else OOM_HELP
+    if isinstance(e, SystemExit) and isinstance(e.code, str):
+        return re.sub(r"\s*Last checkpoint: \S+$", "", e.code.removeprefix("error: "))
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}){where}: the code called sys.exit during the run"
+    if isinstance(e, KeyboardInterrupt):
+        return f"KeyboardInterrupt{where}: raised by the code, not by a signal"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}{': ' + text[:300] if text else ''}{where}"
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code of a run that ``e`` ended: a SystemExit's own (1 for 0, None or a message:
+    the run did not finish), 130 for a KeyboardInterrupt, else 1."""
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) and e.code else 1
+    return 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+
+
+class StopRequest:
+    """The first Ctrl-C / SIGTERM / SIGHUP: stop at the next safe point and save a checkpoint
+    there. A generation or an eval under way is cut short at once (it runs inside ``abortable``,
+    which raises Interrupted; the loop saves the state from before it, and a resume does it
+    again); an optimizer step is let finish. What does not end within ``grace`` seconds (a step
+    longer than that, a reward that catches the stop) is given up (``give_up``): the state at the
+    last safe point (before that step, generation or eval: ``watch``) is saved from the watchdog
+    thread and the process exits; a resume does it again. A second signal exits at once, without
+    saving. Only the process that made the StopRequest (the run's own) stops so: in a process
+    forked from it (a reward's child) the handler does what the signal would do without it. With
+    torchrun nothing is cut short and the watchdog saves nothing (every process must reach the
+    same collectives): each finishes its phase first."""
+
+    def __init__(self, grace: float | None = None):
+        self.owner = os.getpid()        # the run's own process
+        self.signum = None              # the signal this process received
+        self.agreed = None              # the signal that stops the run, once any process has one
+        if grace is None:               # REPLAY_RL_STOP_GRACE: the tests' shorter grace
+            grace = float(os.environ.get("REPLAY_RL_STOP_GRACE", 30))
+        self.grace, self.run_dir, self.watchdog, self.fallback = grace, None, None, None
+        self.cutting = False            # inside ``abortable``: the signal raises Interrupted there
+        self.second = None              # the second signal, which exits at once
+        self.run = None                 # watch(run): the run a give-up saves
+        self.lock = threading.RLock()   # held by a save from the watchdog; the loop waits on it
+        self.phase = None               # in ``abortable``: (what, state, prompt stream, torch RNG)
+        self.safe = None                # the run at the last safe point: ``snapshot``
+        self.stepping = False           # the optimizer's own step began since that point
+        self.extended = False           # the grace given once more to an optimizer step
+        self.ending = False             # the loop saves its end (``end``): no give-up then
+        self.previous = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+
+    def __call__(self, signum, frame):
+        if os.getpid() != self.owner:
+            return self.unhandled(signum, frame)
+        self.signum = signum
+        for s in STOP_SIGNALS:          # a second one: exit at once
+            signal.signal(s, self.again)
+        say(f"\n{signal.Signals(signum).name}: stopping at the next safe point to save a "
+            "checkpoint (a generation or an eval under way is cut short and done again on "
+            f"resume; a step gets {self.grace:.0f} s, then the state before it is saved). "
+            "Ctrl-C again to exit at once, without saving")
+        if self.watchdog is None:
+            self.watchdog = threading.Timer(self.grace, self.give_up)
+            self.watchdog.daemon = True
+            self.watchdog.start()
+        if self.cutting:
+            self.cutting = False
+            raise Interrupted(signal.Signals(signum).name)
+
+    def unhandled(self, signum, frame):
+        """In a process forked from the run: what the signal does without this handler (SIGINT:
+        KeyboardInterrupt; SIGTERM, SIGHUP: their default action, which ends the process)."""
+        previous = self.previous.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            return previous(signum, frame)
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if previous != signal.SIG_IGN:
+            os.kill(os.getpid(), signum)
+
+    def again(self, signum, frame):
+        """The second signal: KeyboardInterrupt, wherever the run is (train.main exits, naming how
+        the run goes on, with 128 + this signal); within ``signals_held`` at that block's end.
+        Code that catches it (a reward's bare except) does not keep the process: it exits
+        SECOND_GRACE seconds later all the same."""
+        if os.getpid() != self.owner:
+            return self.unhandled(signum, frame)
+        self.second = signum
+        if self.fallback is None:
+            self.fallback = threading.Timer(SECOND_GRACE, self.exit_now)
+            self.fallback.daemon = True
+            self.fallback.start()
+        if checkpoint.deferred(signum):     # a checkpoint's folders being swapped: at the end
+            return
+        raise KeyboardInterrupt
+
+    def exit_now(self) -> None:
+        say(f"\ninterrupted again: exited at once, without saving; {how_to_go_on(self.run_dir)}")
+        os._exit(128 + self.second)
+
+    def watch(self, run) -> None:
+        """From here on a give-up saves ``run`` (train.Run: out, cfg, state, rng, model,
+        optimizer, buffer, reward_fn) as it was at the last safe point: taken now, then at each
+        ``requested()`` (the loop asks before every step) and at the start of each ``abortable``
+        phase. The optimizer tells when its own step begins (after that the weights change), and a
+        reward that ignores its time limit has the run saved the same way (``rescue``)."""
+        self.run, self.run_dir = run, run.out
+        run.optimizer.register_step_pre_hook(self.optimizer_steps)
+        run.reward_fn.stuck = self.rescue
+        self.snapshot()
+
+    def snapshot(self) -> None:
+        """The run as it is now, a safe point: the loop state, the prompt stream, torch's RNG
+        streams and the buffer (its rollouts, their use counts, its sampler), copied."""
+        run = self.run
+        if run is None or distributed.world_size() > 1 or getattr(run.cfg, "generators", 0):
+            return
+        buffer = run.buffer
+        with self.lock:
+            self.safe = (dataclasses.asdict(run.state), run.rng.getstate(), rng_states(),
+                         list(buffer.items), [r.uses for r in buffer.items],
+                         buffer.generator.get_state(), list(buffer.left_by_uses))
+            self.stepping = False
+
+    def optimizer_steps(self, optimizer, args, kwargs) -> None:
+        """The optimizer's pre-step hook: the weights change from here to the next safe point.
+        A save from the watchdog under way holds the lock: the step waits (the process exits)."""
+        with self.lock:
+            self.stepping = True
+
+    @contextlib.contextmanager
+    def abortable(self, state=None, rng=None, what: str | None = None):
+        """A phase the first signal cuts short: within this block it raises Interrupted (at once if
+        a signal came before). Cut short or failed (any exception), it puts back what the phase
+        had changed, as it was when the block began: ``state`` (a dataclass, field by field),
+        ``rng`` (a random.Random) and torch's RNG streams; a save and a resume then see the phase
+        as not begun. what: the phase, in words (default: the generation with a state, else the
+        eval). One process only: with torchrun the block runs to its end."""
+        if distributed.world_size() > 1:
+            yield
+            return
+        before = (dataclasses.asdict(state) if state is not None else {},
+                  rng.getstate() if rng is not None else None, rng_states())
+        with self.lock:
+            self.phase = (what or ("the generation" if state is not None else "the eval"),
+                          *before)
+        try:
+            if self.signum is not None:
+                raise Interrupted(signal.Signals(self.signum).name)
+            self.cutting = True
+            yield
+        except BaseException:
+            for name, value in before[0].items():
+                setattr(state, name, value)
+            if rng is not None:
+                rng.setstate(before[1])
+            set_rng_states(before[2])
+            raise
+        finally:
+            self.cutting = False
+            with self.lock:             # a save from the watchdog under way: wait (it exits)
+                self.phase = None
+
+    def give_up(self) -> None:
+        """What the signal interrupted did not end within the grace: save the run as it was at
+        the last safe point (``rescue``) and exit. An optimizer step under way (its weights half
+        changed) gets the grace once more: the loop saves right after it."""
+        with self.lock:
+            if self.ending:             # the loop reached its save meanwhile
+                return
+            if self.stepping and self.phase is None and not self.extended:
+                self.extended = True
+                self.watchdog = threading.Timer(self.grace, self.give_up)
+                self.watchdog.daemon = True
+                self.watchdog.start()
+                return
+            self.rescue(f"{self.doing()} did not finish within {self.grace:.0f} s of "
+                        f"{signal.Signals(self.signum).name}", 128 + self.signum)
+
+    def doing(self) -> str:
+        """What the run is doing, in words."""
+        if self.phase is not None:
+            return self.phase[0]
+        if self.run is None:
+            return "loading (or building) the model" if self.run_dir is None else "the step"
+        if self.safe is None or self.stepping or not torch.equal(
+                self.safe[5], self.run.buffer.generator.get_state()):
+            return "the step"           # a batch was sampled since the last safe point
+        return "the round's bookkeeping"
+
+    def rescue(self, reason: str, code: int = 1) -> None:
+        """Exit at once, with one line: ``reason``, and the checkpoint of the run as it was before
+        what is under way (an abortable phase's start, else the last safe point), which a resume
+        does again; or, where no such state is at hand (the optimizer's step under way, loading,
+        torchrun, async), how the run goes on without it. From the watchdog thread, or from a
+        reward's time limit (loading.CheckedReward.stuck)."""
+        with self.lock:
+            what = self.doing()
+            try:
+                path = self.save_safe_point()
+            except Exception as e:      # a full disk, say
+                path, reason = None, f"{reason}; its checkpoint could not be saved ({e})"
+            if path:
+                resume = distributed.command(f"train.py --resume {self.run_dir}")
+                say(f"{reason}: saved the run as it was before {what} to {path}; resume with: "
+                    f"{resume}")
+            else:
+                say(f"{reason}: exited without saving; {how_to_go_on(self.run_dir)}")
+            os._exit(code)
+
+    def save_safe_point(self) -> str | None:
+        """The checkpoint of the run before the phase under way, or at the last safe point if no
+        optimizer step began since; None if there is none such."""
+        run = self.run
+        if run is None or distributed.world_size() > 1 or getattr(run.cfg, "generators", 0):
+            return None
+        if self.phase is not None:
+            _, state, prompts, torch_rng = self.phase
+            state, prompts = state or dataclasses.asdict(run.state), prompts or run.rng.getstate()
+            buffer = run.buffer         # a phase leaves it alone
+        elif self.safe is not None and not self.stepping:
+            state, prompts, torch_rng, items, uses, sampler, left = self.safe
+            buffer = copy.copy(run.buffer)      # as it was: the loop's own stays as it is
+            buffer.items = [dataclasses.replace(r, uses=n) for r, n in zip(items, uses)]
+            buffer.generator = torch.Generator().set_state(sampler)
+            buffer.left_by_uses = left
+        else:
+            return None
+        rng = random.Random()
+        rng.setstate((prompts[0], tuple(prompts[1]), prompts[2]))
+        return checkpoint.save(run.out, state, dataclasses.asdict(run.cfg), model=run.model,
+                               optimizer=run.optimizer, buffer=buffer, rng=rng,
+                               torch_rng=torch_rng)
+
+    def saving(self) -> None:
+        """The step finished: the save that follows may take the time it needs."""
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+
+    def requested(self) -> bool:
+        """Whether a signal asked to stop, in any process: all stop at the same step, or the others
+        would wait for it forever (a collective: every process asks at the same points). The loop
+        asks before every step: a safe point (``snapshot``)."""
+        if self.signum is None:
+            self.snapshot()
+        if self.agreed is None:
+            self.agreed = int(distributed.maxima({"signal": self.signum or 0})["signal"]) or None
+        return self.agreed is not None
+
+    def keeps_run_after(self, e: BaseException) -> bool:
+        """Whether the loop saves the run after ``e`` ended it (a reward's error, any exception,
+        SystemExit or KeyboardInterrupt raised by code): not after a second signal, not in a
+        process forked from the run, not under torchrun (the other processes are not at this
+        point), not after a full disk (its own line names the intact checkpoint), not after the
+        run's own end (Ended)."""
+        return (os.getpid() == self.owner and distributed.world_size() == 1
+                and not (isinstance(e, KeyboardInterrupt) and self.second)
+                and not isinstance(e, (Ended, runfolder.DiskFull, runfolder.NotTheWriter)))
+
+    def end(self, run, save, cause: BaseException | None = None) -> None:
+        """The loop's end: ``save(run)`` (the first signal: the loop is at a safe point), or for
+        ``cause`` the last safe point if no optimizer step began since (``save_safe_point``: an
+        error within a step, or after an eval, saves the run before it), then exit with what ended
+        the run, the checkpoint and the command that resumes it (raises Ended): two lines and
+        128 + the signal, or one line and ``exit_code(cause)``. A save that fails too names the
+        cause and how the run goes on (a full disk: its own line)."""
+        with self.lock:                 # a give-up under way: wait (it exits); none after this
+            self.ending = True
+            self.saving()               # the step finished in time
+        why = None if cause is None else ending_in_words(cause)
+        try:        # an ending within a step: the run before it (no optimizer step taken since)
+            path = (cause is not None and self.save_safe_point()) or save(run)
+        except Exception as e:
+            if isinstance(e, (runfolder.DiskFull, runfolder.NotTheWriter)):
+                raise
+            say(f"error: {why or 'interrupted'}; the checkpoint could not be saved "
+                f"({type(e).__name__}: {e}); {how_to_go_on(run.out)}")
+            raise Ended(1) from None
+        with contextlib.suppress(OSError, ValueError):     # its bar on a closed terminal
+            run.report.close()
+        resume = distributed.command(f"train.py --resume {run.out}")    # or torchrun
+        if cause is None:
+            say(f"interrupted: checkpoint saved to {path}\nresume with: {resume}")
+            raise Ended(128 + (self.agreed or self.signum))     # one process: its own signal
+        say(f"error: {why}; checkpoint saved to {path}; resume with: {resume}")
+        raise Ended(exit_code(cause))
+
+    def interrupted_again(self, e: KeyboardInterrupt) -> None:
+        """Exit (code 128 + the signal) after a second signal, naming how the run goes on. A
+        KeyboardInterrupt that no signal of ours raised: in a process forked from the run,
+        raised on as Python does; else (code before the loop, a --reward at import) one line."""
+        if os.getpid() != self.owner:
+            raise e
+        how = how_to_go_on(self.run_dir)
+        if self.second is None:
+            distributed.exit_all(f"error: {ending_in_words(e)}; {how}", 128 + signal.SIGINT)
+        distributed.exit_all(f"\ninterrupted again: exited at once, without saving; {how}",
+                             128 + self.second)
+
+    def restore(self):
+        self.saving()
+        if self.fallback is not None:
+            self.fallback.cancel()
+        if os.getpid() != self.owner:
+            return
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
