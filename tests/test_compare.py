@@ -10,6 +10,7 @@ import compare
 import readout
 import records
 import stats
+import summaries
 import train
 from conftest import cost_file, fake_train
 
@@ -177,7 +178,7 @@ def test_a_larger_buffer_is_read_against_the_same_arm_with_the_smaller_one():
     args = argparse.Namespace(task="addition", model="tiny", train_args="", target_frac=1.0, bootstrap=50,
                               one_model=True, budget_tokens=5000, jobs=2, sweep_lr=None, batch_size=64,
                               replay_ratio=2, num_generations=8, keep_correct_frac=0.3)
-    summary = compare.summarize(results, args, [0, 1, 2, 3, 4, 5, 6], {"on_policy": 1e-3})
+    summary = summaries.summarize(results, args, [0, 1, 2, 3, 4, 5, 6], {"on_policy": 1e-3})
     pair = summary["arms"]["replay_big"]["vs_smaller_buffer"]
     assert pair["arm"] == "replay" and pair["first_reach_token_ratio"] == pytest.approx(2.0)
     assert summary["arms"]["replay_big"]["vs_control"]["arm"] == "control"
@@ -487,7 +488,7 @@ def decision_summary(tmp_path):
     args = argparse.Namespace(task="addition", model="tiny", train_args="", target_frac=1.0, bootstrap=50,
                               one_model=True, budget_tokens=5000, jobs=2, sweep_lr=None, batch_size=256,
                               replay_ratio=2, num_generations=8, keep_correct_frac=0.3)
-    summary = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000], {"on_policy": 1e-3})
+    summary = summaries.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000], {"on_policy": 1e-3})
     summary["lr_sweep"] = {"arms": {"on_policy": {"mean_score": {1e-3: 0.9, 2e-3: 0.8}, "chosen": 1e-3,
                                                   "on_grid_edge": True}}}        # its lrs become strings in JSON
     path = tmp_path / "summary.json"
@@ -569,7 +570,7 @@ def test_a_summary_where_no_replicate_set_touches_the_target_says_so():
     args = argparse.Namespace(target_frac=1.0, bootstrap=20, model="tiny", one_model=True, task="addition",
                               train_args=[], budget_tokens=6000, jobs=1, batch_size=100, replay_ratio=2,
                               num_generations=2, keep_correct_frac=0.3, sweep_lr=None)
-    s = compare.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000, 6000], {"on_policy": 1e-3, "replay": 1e-3})
+    s = summaries.summarize(results, args, [0, 1000, 2000, 3000, 4000, 5000, 6000], {"on_policy": 1e-3, "replay": 1e-3})
     assert s["target_accuracy"] == pytest.approx(0.4) and s["rise"]["fastest_arm"] is None and not s["rise"]["resolved"]
     assert s["arms"]["replay"]["tokens_to_first_reach"] is None and stats.verdicts_that_disagree(s) == []
 

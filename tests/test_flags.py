@@ -33,6 +33,7 @@ import evaluate
 import loading
 import minimal
 import report
+import summaries
 import tasks
 import train
 from conftest import cost_file
@@ -339,10 +340,10 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
             assert_refused(lambda: compare.main(argv), COMPARE_FLAGS[dest], capsys, compare_runs.runs,
                            compare_runs.builds)
             continue
-        spied, bootstrap = {"jobs": [], "bootstrap": []}, compare.bootstrap
+        spied, bootstrap = {"jobs": [], "bootstrap": []}, summaries.bootstrap
         with pytest.MonkeyPatch.context() as m:        # what compare.main passes on: the pool's size, the resamples
             m.setattr(compare, "ThreadPoolExecutor", lambda n: spied["jobs"].append(n) or ThreadPoolExecutor(n))
-            m.setattr(compare, "bootstrap", lambda results, n, *a, **k: spied["bootstrap"].append(n) or bootstrap(
+            m.setattr(summaries, "bootstrap", lambda results, n, *a, **k: spied["bootstrap"].append(n) or bootstrap(
                 results, n, *a, **k))
             compare.main(argv)
         folder = compare.build_parser().parse_args(argv).output_dir
