@@ -42,6 +42,8 @@ class LoopState:
     train_seconds: float = 0.0      # time spent in optimizer steps
     gen_cpu_seconds: float = 0.0    # CPU time of this process generating (runs side by side share
     train_cpu_seconds: float = 0.0  # the cores: their wall times stretch, their CPU times less so)
+    eval_seconds: float = 0.0       # time spent in evals (wall; its CPU time below)
+    eval_cpu_seconds: float = 0.0
     skipped_steps: int = 0          # steps skipped for a NaN/inf loss or gradient
     skipped_in_a_row: int = 0       # the latest run of them (--max-skipped-steps ends the run)
     reward_errors: int = 0          # rewards that raised, scored 0 (--on-reward-error zero)
@@ -64,6 +66,12 @@ class LoopState:
     idle_rounds: int = 0            # rounds without an update (the buffer held fewer than B)
     metrics_bytes: int = 0          # length of metrics.jsonl: a resume cuts later lines off
     world_size: int = 1             # processes, each with its own buffer shard
+    # --generators W (async_rl.py): the trainer's own clock and what the processes waited for
+    new_since_step: int = 0         # rollouts stored since the last step (S counts them)
+    wall_seconds: float = 0.0       # wall time of the async loop (evals included)
+    trainer_wait_seconds: float = 0.0           # the trainer waiting for rollouts
+    worker_weights_wait_seconds: float = 0.0    # the workers waiting for newer weights (summed)
+    worker_room_wait_seconds: float = 0.0       # the workers waiting for an order: no room
 
 
 @dataclass

@@ -137,7 +137,7 @@ def parse(config_class, argv=None, description: str = ""):
     elif cfg.output_dir and runfolder.holds_run(cfg.output_dir):
         parser.error(f"--output-dir {cfg.output_dir}: it holds a run; continue it with --resume "
                      f"{cfg.output_dir}, or give another --output-dir")
-    problem = config_problem(cfg)
+    problem = config_problem(cfg) or async_problem(cfg)
     if problem:
         parser.error(problem)       # one line, exit code 2, before any model is loaded
     return cfg, saved
@@ -320,6 +320,34 @@ def config_problem(cfg) -> str | None:
         return f"--top-p {cfg.top_p}: must be in (0, 1]"
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
+    return None
+
+
+def async_problem(cfg) -> str | None:
+    """The first rule of --generators (async_rl.py) the config breaks, as one line, or None."""
+    if cfg.sync_every <= 0:
+        return f"--sync-every {cfg.sync_every}: must be > 0"
+    for name in ("generators", "max_lag"):
+        if getattr(cfg, name) < 0:
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
+    if not cfg.generators:
+        given = [f for f in ("generator_devices", "lockstep") if getattr(cfg, f)]
+        return (f"--{given[0].replace('_', '-')}: only with --generators 1 or more" if given
+                else None)
+    if distributed.world_size() > 1:
+        return ("--generators with torchrun: not supported; run one trainer process "
+                "(python train.py --generators W)")
+    if cfg.buffer_size < cfg.rollouts_per_round:
+        return (f"--buffer-size {cfg.buffer_size}: with --generators every round is stored whole, "
+                f"so the buffer must hold one (prompts_per_round x num_generations = "
+                f"{cfg.rollouts_per_round})")
+    if cfg.lockstep and (cfg.sync_every != 1 or cfg.new_per_update):
+        return ("--lockstep: K updates after each round, with the weights published after every "
+                "step, as the synchronous loop: use it with --sync-every 1 and --new-per-update 0")
+    if cfg.new_per_update and 0 < cfg.max_lag < cfg.sync_every - 1:
+        return (f"--max-lag {cfg.max_lag} with --sync-every {cfg.sync_every} and --new-per-update: "
+                "a worker would wait for weights the trainer publishes only after steps that wait "
+                f"for that worker's rollouts; use --max-lag 0 or >= {cfg.sync_every - 1}")
     return None
 
 

@@ -83,6 +83,8 @@ def _finite(v) -> bool:
 
 def _x(row: dict, key: str):
     if key == "seconds":                            # time spent generating and training (evals excluded)
+        if row.get("wall_seconds"):                 # async: the two overlap; its wall clock
+            return row["wall_seconds"]
         g, t = row.get("gen_seconds"), row.get("train_seconds")
         return g + t if _finite(g) and _finite(t) else None
     return row.get(key)
@@ -163,13 +165,17 @@ def plot_run(run_dir: str, path: str | None = None):
     seconds; entropy; importance ratios; truncation and KL; rollout age and uses; zero-advantage
     groups; a summary of the run. Per-step series: faint raw, bold running mean."""
     path = path or os.path.join(run_dir, "curves.png")
-    fig = new_figure(path, (20, 9.5))
+    steps, evals = read_metrics(run_dir)
+    asynchronous = any("trainer_wait_frac" in r for r in steps)    # --generators: one panel more
+    fig = new_figure(path, (25 if asynchronous else 20, 9.5))
     if fig is None:
         return None
-    steps, evals = read_metrics(run_dir)
     cfg = read_config(run_dir)
     window = smoothing_window(len(steps))
-    acc_tokens, acc_seconds, ent, ratio, trunc, age, zero, info = fig.subplots(2, 4).flat
+    panels = list(fig.subplots(2, 5 if asynchronous else 4).flat)
+    if asynchronous:
+        async_panels(panels.pop(4), panels.pop(8), steps)
+    acc_tokens, acc_seconds, ent, ratio, trunc, age, zero, info = panels
     no_steps = "not logged in this run" if steps else "no optimizer step logged yet"
 
     # accuracy (and the sampled reward) against generated tokens, then accuracy against seconds
@@ -182,7 +188,8 @@ def plot_run(run_dir: str, path: str | None = None):
     series(acc_tokens, steps, "gen_tokens", "reward", "sampled reward of the newest round", "C1", window)
     accuracy_axes(acc_tokens, "generated completion tokens", "accuracy and reward (healthy: rising)", counts=True)
     acc_tokens.set_ylabel("accuracy / mean reward")
-    accuracy_axes(acc_seconds, "seconds generating + training (evals excluded)", "accuracy against time")
+    accuracy_axes(acc_seconds, "wall seconds, evals excluded" if asynchronous else
+                  "seconds generating + training (evals excluded)", "accuracy against time")
     for ax in (acc_tokens, acc_seconds):
         _legend(ax, loc="best")
 
@@ -268,6 +275,26 @@ def plot_run(run_dir: str, path: str | None = None):
     return fig
 
 
+def async_panels(waits, rates, steps: list[dict]) -> None:
+    """--generators: against wall seconds, the shares of the wall time so far that the trainer
+    waited for rollouts and the workers for room or for weights; rollouts per wall second."""
+    for key, label, color in (("trainer_wait_frac", "trainer waiting for rollouts", "C3"),
+                              ("worker_room_wait_frac", "workers waiting for room", "C1"),
+                              ("worker_weights_wait_frac", "workers waiting for weights", "C5")):
+        series(waits, steps, "wall_seconds", key, label, color)
+    waits.set_ylim(-0.03, 1.03)
+    waits.set_title("async: who waited (share of the wall time so far)", fontsize=11)
+    for key, label, color in (("generated_per_s", "generated", "C0"),
+                              ("stored_per_s", "stored", "C2"),
+                              ("trained_per_s", "trained on (uses)", "C1")):
+        series(rates, steps, "wall_seconds", key, label, color)
+    rates.set_title("async: rollouts per wall second", fontsize=11)
+    for ax in (waits, rates):
+        ax.set_xlabel("wall seconds")
+        ax.grid(alpha=0.3)
+        _legend(ax, loc="best")
+
+
 def expected_age_uses(cfg: dict) -> tuple[float, float] | None:
     """The expected (mean age, mean uses) of a batch's rollouts for plain FIFO replay with K = 1:
     age ~ (N/R - 1)/2, uses ~ (1 + B/R)/2. None for other settings, or without the config."""
@@ -292,6 +319,10 @@ def run_summary(steps: list[dict], evals: list[dict], cfg: dict) -> str:
         if R and B and K:
             lines.append(f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout")
         lines.append(f"loss {cfg.get('loss')}, lr {cfg.get('lr')}, seed {cfg.get('seed')}")
+        if cfg.get("generators"):
+            S = cfg.get("new_per_update")
+            lines.append(f"async: {cfg['generators']} worker(s); steps "
+                         + (f"once S = {S} new are stored" if S else "whenever B are in (S = 0)"))
     else:
         lines.append("(no config.json)")
     last = max(steps + evals, key=lambda r: (r.get("step", 0), r.get("gen_tokens", 0)), default={})

@@ -22,7 +22,7 @@ from curves import plot_run
 
 # the loop's counters, at the head of every line of metrics.jsonl
 COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "gen_cpu_seconds",
-            "train_cpu_seconds", "skipped_steps",
+            "train_cpu_seconds", "eval_seconds", "skipped_steps",
             "reward_errors", "idle_rounds", "lapsed_updates", "rollouts_generated", "rollouts_stored",
             "rollouts_trained")
 
@@ -65,7 +65,9 @@ class Report:
         if self.metrics is None:
             return
         runfolder.check_writer(self.run_dir)    # not a process forked from the run
-        row = {**{k: getattr(state, k) for k in COUNTERS}, **row}
+        row = {**{k: getattr(state, k) for k in COUNTERS},      # async: its wall clock too
+               **({"wall_seconds": state.wall_seconds}
+                  if getattr(state, "wall_seconds", 0) else {}), **row}
         # a full disk: one line (train.py); a resume cuts the partial line off
         with runfolder.full_disk_as_one_line(self.run_dir, self.metrics.name):
             self.metrics.write(json.dumps(row) + "\n")
@@ -316,6 +318,8 @@ def start(cfg, task, world: int) -> None:
         f"{cfg.num_generations}); K={K} updates of B={B} from a buffer of N={N}"
         + (f"; {world} processes, each 1/{world} of R, N and B" if world > 1 else ""))
     say(cfg, replay_line(cfg))
+    if cfg.generators:
+        say(cfg, async_line(cfg))
     S = cfg.new_per_update
     if cfg.reuse and (K * B > S if S else K * B > R or cfg.skip_zero_advantage):
         say(cfg, "this is experience replay: stored rollouts are used again in later updates; the "
@@ -334,6 +338,11 @@ def replay_line(cfg) -> str:
                 f"new ones are stored); staleness horizon N/S = {N / S:.1f} updates")
         if K * B == S == N:
             line += " (on-policy: each used once, at age 0)"
+    elif cfg.generators and not cfg.lockstep:
+        line = (f"replay ratio: the trainer steps on B={B} from the buffer whenever it can "
+                f"(S = 0), so how often a rollout is used depends on the two rates (measured); "
+                f"staleness "
+                f"horizon N/R = {N / R:.1f} rounds")
     else:
         line = (f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = "
                 f"{N / R:.1f} rounds")
@@ -342,6 +351,33 @@ def replay_line(cfg) -> str:
                      "(--skip-zero-advantage), so each stored one is used more often: measured "
                      "in the metrics (left_by_uses) and the summary")
     return f"{line}; {loss}"
+
+
+def async_line(cfg) -> str:
+    """--generators: who generates, how the trainer waits, how stale the weights may be."""
+    S, n = cfg.new_per_update, cfg.generators
+    waits = ("steps once each round is in, on weights published after every step (--lockstep: "
+             "ages 0, rho = 1)" if cfg.lockstep else
+             f"steps once S={S} new rollouts are stored since its last step" if S else
+             "never waits for new rollouts (S = 0): the replay ratio is set by the two rates, "
+             "measured in the summary")
+    lag = f"; a worker more than {cfg.max_lag} steps behind waits" if cfg.max_lag else ""
+    return (f"async: {n} generation worker process{'es' if n > 1 else ''} sampling rounds while "
+            f"the trainer {waits}; weights published every {cfg.sync_every} step(s){lag}; a worker "
+            "waits while the buffer has no room for its round unused")
+
+
+def async_lines(state, n_workers: int) -> list[str]:
+    """The end-of-run lines of an async run: the wall time and what each side waited for."""
+    wall = max(state.wall_seconds, 1e-9)
+    return [f"async: {n_workers} worker(s), {state.wall_seconds:.1f} s of wall time; the trainer "
+            f"waited {100 * state.trainer_wait_seconds / wall:.0f}% of it for rollouts, the "
+            "workers "
+            f"{100 * state.worker_weights_wait_seconds / n_workers / wall:.0f}% for weights and "
+            f"{100 * state.worker_room_wait_seconds / n_workers / wall:.0f}% for room; per second "
+            f"{state.rollouts_generated / wall:.1f} rollouts generated, "
+            f"{state.rollouts_stored / wall:.1f} stored, {state.rollouts_trained / wall:.1f} "
+            "trained on"]
 
 
 def resumed(cfg, state, saved_config: dict) -> None:
@@ -373,7 +409,7 @@ def summary(cfg, state, run_dir: str) -> None:
         cost_ratio = (state.gen_seconds / generated) / (state.train_seconds / trained)
         say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
             f"/ to train on one")
-    for line in reuse_lines(state):
+    for line in reuse_lines(state) + (async_lines(state, cfg.generators) if cfg.generators else []):
         say(cfg, line)
     if state.skipped_steps or state.reward_errors:
         say(cfg, f"skipped steps (NaN/inf): {state.skipped_steps}; reward errors scored 0: "

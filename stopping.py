@@ -372,6 +372,22 @@ class StopRequest:
         say(f"error: {why}; checkpoint saved to {path}; resume with: {resume}")
         raise Ended(exit_code(cause))
 
+    @contextlib.contextmanager
+    def keeping(self, run, save):
+        """The loop inside it keeps the run, however it ends: a phase cut short by the first
+        signal (Interrupted) saves the run from before it, and any other ending (a reward's
+        error, an exception, SystemExit or KeyboardInterrupt raised by code, a generation
+        worker that failed) saves it at its last safe point (``end``); a second signal, a
+        process forked from the run, torchrun's other ranks and a full disk exit as they are."""
+        try:
+            yield
+        except Interrupted:
+            self.end(run, save)
+        except BaseException as e:
+            if not self.keeps_run_after(e):
+                raise
+            self.end(run, save, cause=e)
+
     def interrupted_again(self, e: KeyboardInterrupt) -> None:
         """Exit (code 128 + the signal) after a second signal, naming how the run goes on. A
         KeyboardInterrupt that no signal of ours raised: in a process forked from the run,

@@ -1,16 +1,18 @@
 """RL post-training with experience replay, in one loop.
 
     python train.py                      # the embedded demo: tiny model, 2-digit addition, CPU
+    python train.py --generators 1       # the same with a generation worker process (async)
     python train.py --help               # every knob, with its meaning
 
-Each round: sample R = prompts_per_round x num_generations rollouts with the current policy, add
-them to a FIFO buffer of N rollouts, then take K optimizer steps, each on B rollouts drawn uniformly
-from the buffer. Replay ratio = K*B/R (mean uses of a rollout); staleness horizon = N/R rounds (how
-long a rollout stays). On-policy training is N = R = B, K = 1. The infrastructure sits behind a few
-calls: cli.py, loading.py, checkpoint.py, runfolder.py, distributed.py (torchrun), report.py.
+Each round: sample P x G rollouts with the current policy, add them to a FIFO buffer of N, then
+take K optimizer steps, each on B rollouts drawn uniformly from the buffer. Replay ratio K*B/R, R
+the rollouts stored a round (mean uses of a rollout); staleness horizon N/R rounds. On-policy:
+N = R = B, K = 1. --generators: async_rl.py's loop. The infrastructure sits behind a few calls:
+cli.py, loading.py, checkpoint.py, stopping.py, runfolder.py, distributed.py, report.py.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+import async_rl
 import checkpoint
 import cli
 import distributed
@@ -119,6 +122,16 @@ class Config:
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
         "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
+    # asynchronous generation (async_rl.py)
+    generators: int = opt(0, "generation worker processes that sample rounds while the trainer "
+        "steps (the paper's async system); 0 = synchronous rounds")
+    generator_devices: str = opt("", "the workers' devices, comma-separated (e.g. cuda:1,cuda:2); "
+        "default: the trainer's")
+    sync_every: int = opt(1, "publish the adapter's weights to the workers every this many steps")
+    max_lag: int = opt(0, "a worker more than this many steps behind the trainer waits for newer "
+        "weights before it generates; 0 = no bound")
+    lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
+        "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
     # checkpoints and failures
     save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
         "interruption")
@@ -186,60 +199,84 @@ def main(argv=None) -> dict:
 # ---- the loop -------------------------------------------------------------------------------
 def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
-    """The loop of the README: each round generate, add to the buffer, K updates; eval, save."""
-    run = setup(cfg, task, saved)
-    run.stop = stop
-    stop.watch(run)                     # a stop that cannot wait saves the last safe point
+    """The loop of the README: each round generate, add to the buffer, K updates; eval, save. Any
+    ending (the first Ctrl-C, an error) saves the run at its last safe point (stopping.py)."""
+    run = setup(cfg, task, saved, stop)
+    with stop.keeping(run, save):               # an ending: a checkpoint, one line, how to resume
+        if cfg.generators:                      # the paper's async system: worker processes
+            async_rl.train_async(run, sample_batch, step, evaluate, end_of_round)
+            stop_if_asked(run)
+        else:
+            if run.state.first_accuracy is None:
+                evaluate(run)                   # step 0: before any update
+            for new in rounds(run):             # until the budget is spent (or a stop saves)
+                if new:                         # (not a round a stop cut short, resumed)
+                    with generating(run):       # cut short by a stop: as if not begun
+                        prompts = draw_prompts(run)                 # P prompts
+                        rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
+                    add_to_buffer(run, rollouts, gen)               # FIFO; makes K updates due
+                for _ in due_updates(run):      # K, once the buffer holds B (with S: S new)
+                    step(run, sample_batch(run))                    # B sampled -> one step
+                end_of_round(run)               # eval, progress bar, checkpoint when due
+        return finish(run)                      # the last eval and checkpoint, the adapter
+
+
+def rounds(run: Run):
+    """Each round: whether it is a new one (after --resume, a round a stop cut short comes first,
+    its updates or its end still due); after each, a stop saves and exits."""
     state = run.state
-    try:
-        if state.first_accuracy is None:
-            evaluate(run)               # step 0: before any update
-        while state.pending_updates or state.round_end_due or not budget_spent(run):
-            if not state.pending_updates and not state.round_end_due:
-                generate_round(run)     # R new rollouts into the buffer; decides the K updates
-            while state.pending_updates and not stop.requested():
-                update(run)             # one optimizer step on B rollouts sampled from the buffer
-            if stop.requested() and state.pending_updates:
-                save_and_exit(run, stop)    # mid-round: its remaining updates run after --resume
-            end_of_round(run)           # eval, progress bar, checkpoint
-            if stop.requested():
-                save_and_exit(run, stop)
-        return finish(run)
-    except stopping.Interrupted:        # a generation or an eval cut short: a resume redoes it
-        save_and_exit(run, stop)
-    except BaseException as e:          # any other ending keeps the run too: a reward's error, an
-        if not stop.keeps_run_after(e):     # exception, SystemExit or KeyboardInterrupt raised
-            raise                           # by code (not a second signal)
-        save_and_exit(run, stop, cause=e)
+    while state.pending_updates or state.round_end_due or not budget_spent(run):
+        yield not (state.pending_updates or state.round_end_due)
+        stop_if_asked(run)
 
 
-def generate_round(run: Run) -> None:
-    """A new round: R rollouts from the current policy into the buffer; decides its updates."""
-    cfg, state, model = run.cfg, run.state, run.model
+def due_updates(run: Run):
+    """The round's due updates; before each, a stop saves and exits (the rest after --resume)."""
+    while run.state.pending_updates:
+        stop_if_asked(run)
+        yield
+
+
+@contextlib.contextmanager
+def generating(run: Run):
+    """A round's generation: its count and time; cut short by a stop (stopping.abortable), the
+    round counter and the prompt and RNG streams are put back, as not begun."""
+    report.reset_peak_memory(run.model)
+    run.model.eval()
+    with run.stop.abortable(run.state, run.rng), report.timed(run.state, "gen"):
+        run.state.round += 1
+        yield
+    run.model.train()   # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
+
+
+def draw_prompts(run: Run) -> list[str]:
+    """P prompts of the task: every process draws the same and takes its share (whole groups)."""
+    return distributed.share(run.rng.sample(run.task.train_prompts, run.cfg.prompts_per_round))
+
+
+def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
+    """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts)."""
+    cfg = run.cfg
     errors_before = run.reward_fn.errors
-    report.reset_peak_memory(model)
-    model.eval()
-    # cut short by a stop: the round counter and the prompt and RNG streams put back, as not begun
-    with run.stop.abortable(state, run.rng), report.timed(state, "gen"):
-        state.round += 1
-        # Every process draws the same prompts and takes its share (a prompt's G samples together)
-        prompts = distributed.share(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))
-        rollouts, gen = rollout.generate_rollouts(
-            model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
-            max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step, fast=run.fast)
-    model.train()       # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
-    # with S: store no more than the S new ones an update waits for (or what fills the first B)
+    rollouts, gen = rollout.generate_rollouts(
+        run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
+        max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
+        temperature=cfg.temperature, top_p=cfg.top_p, policy_version=run.state.step, fast=run.fast)
+    return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
+                      "prompts": len(prompts)}
+
+
+def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
+    """The round's rollouts into the buffer, counted; decides its updates: K once every shard
+    holds its share of B (with S: of S new ones; no more than those are stored)."""
+    cfg, state = run.cfg, run.state
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
-    # the rollouts stored since the latest update
-    fresh = lambda: sum(r.policy_version == state.step for r in run.buffer.items)
+    fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
     room = max(my_new - fresh(), my_batch - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
-    report.count_round(state, gen, len(rollouts), len(prompts),
-                       run.reward_fn.errors - errors_before, stored)
-    report.peak_memory(state.round_stats, "gen", model)
-    # Generate only until every shard holds its share of B (and of S new ones, with S).
+    report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
+    report.peak_memory(state.round_stats, "gen", run.model)
     due = len(run.buffer) >= my_batch and fresh() >= my_new
     state.pending_updates = cfg.updates_per_round if distributed.every_rank(due) else 0
     state.round_end_due, state.round_batch_size = True, cfg.batch_size
@@ -249,17 +286,26 @@ def generate_round(run: Run) -> None:
                                **report.buffer_counts(run.buffer, state)})
 
 
-def update(run: Run) -> None:
-    """One optimizer step on B rollouts sampled from the buffer (B/W from each of W processes)."""
+def sample_batch(run: Run) -> list | None:
+    """B rollouts sampled uniformly from the buffer (B/W from each of W processes, their uses
+    counted), or None: too few are left (used once with --no-reuse, or older than --max-age),
+    and the updates due lapse."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
     my_batch = distributed.share_size(state.round_batch_size)
     if not distributed.every_rank(len(run.buffer) >= my_batch):
-        state.lapsed_updates += state.pending_updates   # too few unused or young enough: they lapse
+        state.lapsed_updates += state.pending_updates
         state.pending_updates = 0
+        return None
+    return run.buffer.sample(my_batch, remove=not cfg.reuse)
+
+
+def step(run: Run, sampled: list | None) -> None:
+    """One optimizer step on the sampled rollouts (none: the updates lapsed), its metrics row."""
+    if sampled is None:
         return
+    cfg, state = run.cfg, run.state
     with report.timed(state, "train"):
-        sampled = run.buffer.sample(my_batch, remove=not cfg.reuse)
         m = replay_rl.update_step_engineered(
             run.model, run.optimizer, sampled, pad_id=run.tokenizer.pad_token_id,
             policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
@@ -275,8 +321,8 @@ def update(run: Run) -> None:
               **report.buffer_counts(run.buffer, state), "lr": run.optimizer.param_groups[0]["lr"]})
     if state.skipped_in_a_row >= cfg.max_skipped_steps:
         distributed.exit_all(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss "
-                             f"or gradient (skipped, weights unchanged); lower --lr or check the "
-                             f"reward. Last checkpoint: {checkpoint.find(run.out) or 'none'}")
+                             "or gradient (skipped, weights unchanged); lower --lr or check the "
+                             "reward")
 
 
 def evaluate(run: Run) -> float:
@@ -288,7 +334,8 @@ def evaluate(run: Run) -> float:
     errors_before = run.reward_fn.errors
     fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
     limit = run.cfg.max_new_tokens or task.max_new_tokens
-    with run.stop.abortable():          # cut short: nothing of it kept, a resume evaluates again
+    # cut short: nothing of it kept (its time neither), a resume evaluates again
+    with run.stop.abortable(), report.timed(state, "eval"):
         means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
                  if mine else dict.fromkeys(fns, 0.0))
     run.model.train()
@@ -323,12 +370,10 @@ def save(run: Run) -> str:
                            optimizer=run.optimizer, buffer=run.buffer, rng=run.rng)
 
 
-def save_and_exit(run: Run, stop: stopping.StopRequest, cause: BaseException | None = None):
-    """The run's checkpoint at its last safe point (after a step, or before a generation or an eval
-    cut short: a resume does it again), then exit naming what ended the run (the first signal, or
-    ``cause``: a reward's error, an exception, SystemExit or KeyboardInterrupt raised by code),
-    the checkpoint and the command that resumes it."""
-    stop.end(run, save, cause)
+def stop_if_asked(run: Run) -> None:
+    """At a safe point: if a signal asked to stop, save the run and exit (stopping.StopRequest)."""
+    if run.stop.requested():
+        run.stop.end(run, save)
 
 
 def finish(run: Run) -> dict:
@@ -345,8 +390,10 @@ def finish(run: Run) -> dict:
 
 
 # ---- setting up: the policy, the optimizer, the buffer, the run folder ----------------------
-def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) -> Run:
-    """Load the policy, build the optimizer and the buffer, start or resume the run folder."""
+def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
+          stop: stopping.StopRequest) -> Run:
+    """Load the policy, build the optimizer and the buffer, start or resume the run folder; from
+    then on a stop that cannot wait saves the last safe point (stop.watch)."""
     device, rank, world = distributed.init(cfg.device)
     out = runfolder.claim_run_folder(cfg.output_dir)     # runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
@@ -375,6 +422,8 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None) ->
         checkpoint.drop_after(out, run.state.round)
         report.resumed(cfg, run.state, saved.config)
     run.report = report.Report(out, cfg, run.state, resumed=saved is not None)
+    run.stop = stop
+    stop.watch(run)
     return run
 
 

@@ -104,6 +104,11 @@ gradient_checkpointing | --gradient-checkpointing       | config   | config   | 
 fast_generation        | --fast-generation              | config   | config   | config  |
 logp_chunk             | --logp-chunk 64                | config   | config   | config  | Llama/Qwen
 trust_remote_code      | --trust-remote-code            | config   | config   | config  |
+generators             | --generators 2                 | config   | config   | config  |
+generator_devices      | --generator-devices cpu --generators 1 | config | config | config | default: the trainer's
+sync_every             | --sync-every 2                 | config   | config   | config  | to the workers
+max_lag                | --max-lag 2                    | config   | config   | config  | a worker
+lockstep               | --lockstep --generators 1      | config   | config   | config  | with --generators
 save_every             | --save-every 2                 | config   | config   | config  |
 keep_checkpoints       | --keep-checkpoints 3           | config   | config   | config  |
 resume                 | --resume {ckpt}                | config   | config   | refused |

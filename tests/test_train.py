@@ -197,7 +197,11 @@ def test_docs_metrics_table_names_every_logged_field(tmp_path, tiny_path):
     train.main(["--output-dir", str(tmp_path), "--max-rounds", "2", "--prompts-per-round", "4", "--num-generations",
                 "4", "--buffer-size", "16", "--batch-size", "16", "--eval-prompts", "20", "--beta", "0.1",
                 "--no-plot", "--no-progress"])
-    logged = set().union(*(json.loads(line) for line in open(tmp_path / "metrics.jsonl")))
+    train.main(["--output-dir", str(tmp_path / "async"), "--max-rounds", "2", "--prompts-per-round",
+                "4", "--num-generations", "4", "--buffer-size", "16", "--batch-size", "16",
+                "--eval-prompts", "20", "--generators", "1", "--no-plot", "--no-progress"])
+    logged = set().union(*(json.loads(line) for name in ("metrics.jsonl", "async/metrics.jsonl")
+                           for line in open(tmp_path / name)))
     doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "metrics.md")).read()
     named = {f for line in doc.splitlines() if line.startswith("| `") for f in
              __import__("re").findall(r"`(\w+)`", line.split("|")[1])}

@@ -1,0 +1,500 @@
+"""The paper's system: generation workers that never wait for the trainer, pushing rollouts into the
+FIFO buffer the trainer samples.
+
+    python train.py --generators 1          # one worker process generates while the trainer steps
+
+    worker (--generators of them, each a process with its own copy of the policy)
+        for each order (P prompts) the trainer gives:
+            load the newest published weights (wait for newer ones if more than L steps behind)
+            rollouts <- G samples per prompt, with log mu and A, stamped with that version
+            push them to the trainer
+    trainer (train.py's process)
+        publish the adapter's weights
+        until the budget of rounds is in:
+            order rounds while the buffer has room for their rollouts unused
+            take what the workers pushed -> buffer.add (all of it: nothing generated is thrown away)
+            when a step is due (B in the buffer; with S, S new ones since the last step):
+                sample B -> one optimizer step; every k steps publish the weights
+            eval and checkpoint when due
+
+S = --new-per-update keeps its meaning: S = B is async on-policy (each rollout used once, one step
+stale at most); S = 0 never waits, the paper's sampler: the trainer steps as fast as it can on what
+the buffer holds, and the replay ratio is set by the two rates (measured, not chosen). --lockstep
+orders each round only once the weights of every step before it are published: each rollout is
+then trained on at age 0 with rho = 1, as in the synchronous loop (a check of exactness, not a
+way to train). Async runs are not bit-reproducible: which version a worker samples with, and which
+rounds arrive before a step, depend on how fast each process runs.
+
+The two loops come first (``train_async``, ``worker_loop``); below them, the processes, queues and
+weight sharing (``Generators`` on the trainer's side, ``WorkerLink`` on a worker's). A worker never
+writes into the run folder and never saves: it ignores Ctrl-C (the trainer stops it), dies with the
+trainer (Linux), and reports a failure to the trainer as one line, which stops the run after a
+checkpoint.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import time
+import types
+
+import torch
+
+import distributed
+import loading
+import report
+import rollout
+from buffer import Rollout
+
+
+# ---- the two loops ---------------------------------------------------------------------------
+def train_async(run, sample_batch, step, evaluate, end_of_round) -> None:
+    """The trainer: take what the workers pushed, add it to the buffer, step when a step is due.
+    train.py's steps: sample_batch(run) (B from the buffer, or None), step(run, sampled) (one
+    optimizer step), evaluate(run), end_of_round(run) (eval and checkpoint when due). Returns when
+    the budget is in or a stop was asked (the caller saves)."""
+    cfg, state = run.cfg, run.state
+    with Generators(run) as workers:            # the processes; all stopped on the way out
+        workers.publish(run.model, state.step)
+        if state.first_accuracy is None:
+            evaluate(run)                       # step 0, while the workers load their models
+        while not finished(run, workers) and not run.stop.requested():
+            workers.order(run)                  # rounds for the workers, while the buffer has room
+            if not state.round_end_due and (arrived := workers.take_round(wait=not step_due(run))):
+                store(run, *arrived)            # all its rollouts into the buffer; steps now due
+            if step_due(run) and (sampled := take_batch(run, sample_batch)):
+                workers.order(run)              # the room it freed: generated during the step
+                workers.account(state)          # the time split, into this step's metrics row
+                step(run, sampled)              # one optimizer step
+                if state.step % cfg.sync_every == 0:
+                    workers.publish(run.model, state.step)
+            if state.round_end_due and not (state.pending_updates and step_due(run)):
+                workers.account(state)
+                end_of_round(run)               # its steps taken: eval, progress bar, checkpoint
+
+
+def worker_loop(model, tokenizer, reward_fn, cfg, link: WorkerLink) -> None:
+    """A worker: for each order, the newest weights, one round of rollouts, pushed."""
+    while (prompts := link.next_order()) is not None:       # waits while the buffer has no room
+        version = link.load_weights(model)                  # waits if more than L steps behind
+        rollouts, gen = rollout.generate_rollouts(
+            model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            policy_version=version, fast=link.fast)
+        link.push(rollouts, gen)
+
+
+# ---- the trainer's rules ---------------------------------------------------------------------
+def store(run, rollouts: list[Rollout], gen: dict) -> None:
+    """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
+    drops), counted; the optimizer steps it makes due (with S: K for every S new ones)."""
+    cfg, state = run.cfg, run.state
+    state.round += 1
+    stored = run.buffer.add(rollouts)
+    run.buffer.drop_stale(state.step)
+    report.count_round(state, gen, len(rollouts), len(rollouts) // cfg.num_generations,
+                       gen["reward_errors"], stored)
+    state.new_since_step += stored
+    S = cfg.new_per_update
+    if cfg.lockstep:                            # as the synchronous loop: K updates each round
+        due = len(run.buffer) >= cfg.batch_size
+        state.pending_updates = cfg.updates_per_round if due else 0
+        state.idle_rounds += not due
+    while S and state.new_since_step >= S:
+        state.pending_updates += cfg.updates_per_round
+        state.new_since_step -= S
+    state.round_end_due = True
+    run.report.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
+                           **report.buffer_counts(run.buffer, state)})
+
+
+def take_batch(run, sample_batch):
+    """sample_batch(run), as the due step it is: with S = 0 every step is due (it uses what the
+    buffer holds), and the rollouts new since the last step start again from 0."""
+    state = run.state
+    if not (run.cfg.new_per_update or run.cfg.lockstep):
+        state.pending_updates, state.new_since_step = 1, 0
+    return sample_batch(run)
+
+
+def step_due(run) -> bool:
+    """Whether the trainer steps now: B rollouts in the buffer and, with S or --lockstep, an
+    update due; with S = 0, always (the paper's sampler never waits for new rollouts)."""
+    if len(run.buffer) < run.cfg.batch_size:
+        return False
+    return run.state.pending_updates > 0 or not (run.cfg.new_per_update or run.cfg.lockstep)
+
+
+def finished(run, workers) -> bool:
+    """The budget is in (rounds or tokens), no round is on its way, and no step is due: with
+    S = 0, one step was taken since the last round arrived."""
+    state = run.state
+    if not budget_spent(run) or workers.outstanding or state.round_end_due:
+        return False
+    if run.cfg.new_per_update or run.cfg.lockstep:
+        return not (state.pending_updates and len(run.buffer) >= run.cfg.batch_size)
+    return state.new_since_step == 0 or len(run.buffer) < run.cfg.batch_size
+
+
+def budget_spent(run) -> bool:
+    state, cfg = run.state, run.cfg
+    return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
+
+
+def room_for_a_round(run, outstanding: int) -> bool:
+    """Whether a round of R more rollouts, after those on their way, would evict (FIFO: the oldest
+    first) only rollouts already used: the worker waits instead of generating what would push an
+    unused one out."""
+    R, items = run.cfg.rollouts_per_round, run.buffer.items
+    evicted = len(items) + (outstanding + 1) * R - run.cfg.buffer_size
+    return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])
+
+
+# ---- the trainer's side of the processes ---------------------------------------------------------
+class WorkerFailed(SystemExit):
+    """A generation worker that raised, exited or was killed: the run ends with this one line,
+    after the trainer saved its checkpoint (stopping.StopRequest.keeping: every ending saves)."""
+
+
+class Generators:
+    """The worker processes, from the trainer's side: orders out, rounds in, weights published.
+
+    Orders carry the prompts (drawn from the run's prompt stream, here, so a checkpoint keeps it);
+    at most two per worker are on their way (one generating, one queued), and only while the buffer
+    has room for their rollouts unused. A round on its way when the run stops is dropped: its tokens
+    were never counted, and a resume orders it again."""
+
+    def __init__(self, run):
+        self.run, self.cfg, self.n_workers = run, run.cfg, run.cfg.generators
+        self.outstanding = 0                    # rounds ordered, not yet arrived
+        self.seen = [[0.0] * 4 for _ in range(self.n_workers)]     # each worker's times so far
+        self.ready = 0                          # workers that have loaded their model
+        self.clock = self.evals_at = None       # wall time counted up to here (once all ready),
+                                                # and the eval seconds up to here
+        self.procs = []
+
+    def __enter__(self):
+        ctx = multiprocessing.get_context("spawn")      # a fresh interpreter: no handler, no lock
+        params = trainable(self.run.model)
+        self.weights = torch.zeros(sum(p.numel() for p in params)).share_memory_()
+        self.version = ctx.Value("q", -1)               # the published weights' policy_version
+        self.trainer_step = ctx.Value("q", 0)
+        self.lock = ctx.Lock()
+        self.orders, self.results = ctx.Queue(), ctx.Queue()
+        devices = worker_devices(self.cfg)
+        threads = threads_each(self.n_workers, devices[0])
+        if not devices[0].startswith("cuda"):
+            torch.set_num_threads(threads)              # the trainer's share of the cores
+        # no run folder: a worker writes nothing there, and knows not where it is
+        config = {**dataclasses.asdict(self.cfg), "progress": False, "resume": "", "output_dir": ""}
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)    # inherited: the workers ignore Ctrl-C
+        try:
+            for i in range(self.n_workers):
+                p = ctx.Process(target=worker_main, name=f"generation worker {i}", daemon=True,
+                                args=(i, config, devices[i], threads, os.getpid(), self.orders,
+                                      self.results, self.weights, self.version,
+                                      self.trainer_step, self.lock))
+                p.start()
+                self.procs.append(p)
+        finally:
+            signal.signal(signal.SIGINT, old)
+        return self
+
+    def __exit__(self, *exc):
+        self.account(self.run.state)
+        self.stop()
+        return False
+
+    def publish(self, model, step: int) -> None:
+        """The adapter's weights (LoRA only), for the workers to load before their next round."""
+        with self.lock:
+            offset = 0
+            for p in trainable(model):
+                self.weights[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+                offset += p.numel()
+            self.version.value = step
+        self.trainer_step.value = step
+
+    def order(self, run) -> None:
+        """Orders for the workers: a round's prompts each, while the buffer has room for them
+        unused and the budget is not spent. If the trainer has nothing to do without one (no step
+        due, nothing on its way) it orders anyway: an unused rollout evicted is counted
+        (left_by_uses), where waiting for room would never end."""
+        self.trainer_step.value = run.state.step
+        cfg = self.cfg
+        while (self.outstanding < 2 * self.n_workers
+               and not budget_spent_with(run, self.outstanding)
+               and (room_for_a_round(run, self.outstanding)
+                    or (self.outstanding == 0 and not step_due(run)))):
+            if cfg.lockstep and (self.outstanding or self.version.value < run.state.step
+                                 or run.state.pending_updates):
+                return                          # the weights of every step before it, published
+            prompts = run.rng.sample(run.task.train_prompts, cfg.prompts_per_round)
+            self.orders.put(prompts)
+            self.outstanding += 1
+
+    def take_round(self, wait: bool):
+        """The next round a worker pushed, as (rollouts, figures), or None: none has arrived (with
+        ``wait``: none arrived before a stop). While it waits, it checks that every worker lives."""
+        state, start = self.run.state, time.perf_counter()
+        self.check_alive()
+        while True:
+            try:
+                message = self.results.get(timeout=0.05) if wait else self.results.get_nowait()
+            except queue.Empty:
+                if not wait or self.run.stop.requested():
+                    message = None
+                    break
+                self.check_alive()
+                continue
+            if message[0] != "ready":
+                break
+            self.ready += 1             # a worker loaded its model: the clock starts with the last
+            if self.ready == self.n_workers:
+                self.clock, self.evals_at = time.perf_counter(), state.eval_seconds
+        if wait and self.clock is not None:
+            state.trainer_wait_seconds += time.perf_counter() - max(start, self.clock)
+        if message is None:
+            return None
+        if message[0] == "failed":
+            raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}")
+        _, i, packed, gen, times = message
+        # a worker's times since it started: waiting for weights, for room; generating (wall,
+        # CPU); the loop state keeps their sums over the workers
+        new = [now - before for now, before in zip(times, self.seen[i])]
+        self.seen[i] = times
+        state.worker_weights_wait_seconds += new[0]
+        state.worker_room_wait_seconds += new[1]
+        state.gen_seconds += new[2]
+        state.gen_cpu_seconds += new[3]
+        self.outstanding -= 1
+        return unpack(packed), gen
+
+    def check_alive(self) -> None:
+        """WorkerFailed if a worker has ended: with the line it sent, else how it ended."""
+        for i, p in enumerate(self.procs):
+            if p.exitcode is None:
+                continue
+            try:                                # a worker that failed sent why, then exited
+                while (message := self.results.get(timeout=1.0))[0] != "failed":
+                    pass
+                raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}")
+            except queue.Empty:
+                how = (f"killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
+                       else f"exited with code {p.exitcode}")
+                raise WorkerFailed(f"generation worker {i} (pid {p.pid}) {how}") from None
+
+    def account(self, state) -> None:
+        """The wall time since the last call into the loop state (from the moment every worker
+        had loaded its model, evals excluded), and the async figures of the next metrics row
+        into its round_stats: the shares of wall time the trainer waited for
+        rollouts and the workers (on average) for weights or for room; rollouts generated, stored
+        and trained on per wall second."""
+        if self.clock is not None:      # since every worker is ready; evals excluded
+            now = time.perf_counter()
+            state.wall_seconds += now - self.clock - (state.eval_seconds - self.evals_at)
+            self.clock, self.evals_at = now, state.eval_seconds
+        wall, n = max(state.wall_seconds, 1e-9), self.n_workers
+        state.round_stats.update({
+            "wall_seconds": state.wall_seconds, "trainer_wait_seconds": state.trainer_wait_seconds,
+            "worker_weights_wait_seconds": state.worker_weights_wait_seconds,
+            "worker_room_wait_seconds": state.worker_room_wait_seconds,
+            "trainer_wait_frac": state.trainer_wait_seconds / wall,
+            "worker_weights_wait_frac": state.worker_weights_wait_seconds / n / wall,
+            "worker_room_wait_frac": state.worker_room_wait_seconds / n / wall,
+            "generated_per_s": state.rollouts_generated / wall,
+            "stored_per_s": state.rollouts_stored / wall,
+            "trained_per_s": state.rollouts_trained / wall})
+
+    def stop(self) -> None:
+        """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL."""
+        for _ in self.procs:
+            try:
+                self.orders.put_nowait(None)
+            except (ValueError, OSError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for q in (self.orders, self.results):
+            q.cancel_join_thread()
+            q.close()
+
+
+def budget_spent_with(run, outstanding: int) -> bool:
+    """The budget spent once the rounds on their way arrive (rounds; tokens as counted so far)."""
+    state, cfg = run.state, run.cfg
+    return (state.round + outstanding >= cfg.max_rounds
+            or 0 < cfg.max_gen_tokens <= state.gen_tokens)
+
+
+def trainable(model) -> list[torch.Tensor]:
+    """The LoRA weights, in one order in every process (the same model built the same way)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def worker_devices(cfg) -> list[str]:
+    """Each worker's device: --generator-devices, else the trainer's (one GPU is shared)."""
+    if cfg.generator_devices:
+        devices = [d.strip() for d in cfg.generator_devices.split(",")]
+        return [devices[i % len(devices)] for i in range(cfg.generators)]
+    return [distributed.pick_device(cfg.device)] * cfg.generators
+
+
+def threads_each(n_workers: int, device: str) -> int:
+    """CPU threads for each of the n_workers + 1 processes: the cores shared out (at least one);
+    two torch processes with all the cores each slow each other many times over."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // (n_workers + 1))
+
+
+# ---- packing a round to send: plain lists and numbers (no shared-memory tensors to outlive) ----
+def pack(rollouts: list[Rollout]) -> list[dict]:
+    return [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(Rollout)},
+             "prompt_ids": r.prompt_ids.tolist(), "completion_ids": r.completion_ids.tolist(),
+             "behaviour_logp": r.behaviour_logp.tolist()} for r in rollouts]
+
+
+def unpack(packed: list[dict]) -> list[Rollout]:
+    return [Rollout(**{**d, "prompt_ids": torch.tensor(d["prompt_ids"], dtype=torch.long),
+                       "completion_ids": torch.tensor(d["completion_ids"], dtype=torch.long),
+                       "behaviour_logp": torch.tensor(d["behaviour_logp"], dtype=torch.float32)})
+            for d in packed]
+
+
+# ---- a worker's side ----------------------------------------------------------------------------
+class WorkerLink:
+    """A worker's ends of the queues and of the shared weights, and its waiting times."""
+
+    def __init__(self, index, orders, results, weights, version, trainer_step, lock, parent,
+                 cfg, fast=None):
+        self.index, self.orders, self.results = index, orders, results
+        self.weights, self.version, self.trainer_step, self.lock = (weights, version, trainer_step,
+                                                                    lock)
+        self.parent, self.cfg, self.fast = parent, cfg, fast
+        self.loaded = -1                        # the policy_version of the weights in the model
+        self.times = [0.0] * 4      # seconds waiting for weights, for room; generating: wall, CPU
+        self.reward_errors = 0
+        self.started = self.started_cpu = 0.0
+
+    def next_order(self):
+        """The next order's prompts (waiting for one: the buffer has no room), or None: stop."""
+        start = time.perf_counter()
+        while True:
+            try:
+                prompts = self.orders.get(timeout=0.5)
+                break
+            except queue.Empty:
+                self.check_parent()
+        self.times[1] += time.perf_counter() - start
+        return prompts
+
+    def load_weights(self, model) -> int:
+        """The newest published weights into the model; their version. More than --max-lag steps
+        behind the trainer, it waits for newer ones first."""
+        start = time.perf_counter()
+        lag = self.cfg.max_lag
+        while (self.version.value < 0
+               or (lag and self.trainer_step.value - self.version.value > lag)):
+            time.sleep(0.01)
+            self.check_parent()
+        if self.version.value != self.loaded:
+            with self.lock:
+                offset = 0
+                for p in trainable(model):
+                    p.data.copy_(self.weights[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+                self.loaded = self.version.value
+        self.times[0] += time.perf_counter() - start
+        self.started, self.started_cpu = time.perf_counter(), time.process_time()
+        return self.loaded
+
+    def push(self, rollouts: list[Rollout], gen: dict) -> None:
+        self.times[2] += time.perf_counter() - self.started
+        self.times[3] += time.process_time() - self.started_cpu
+        errors, self.reward_errors = self.reward_errors, 0
+        figures = {k: v for k, v in gen.items() if k != "completions"}
+        self.results.put(("round", self.index, pack(rollouts), {**figures, "reward_errors": errors},
+                          list(self.times)))
+
+    def check_parent(self) -> None:
+        if os.getppid() != self.parent:         # the trainer is gone (where PDEATHSIG is not)
+            os._exit(1)
+
+
+def worker_main(index, config, device, threads, parent, orders, results, weights, version,
+                trainer_step, lock) -> None:
+    """A worker process: quiet, its own threads, its own policy; then worker_loop. Any failure is
+    sent to the trainer as one line (the worker writes nothing else anywhere)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the trainer stops the run, and it
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    die_with_parent()
+    torch.set_num_threads(threads)
+    try:
+        report.quiet_libraries()
+        cfg = types.SimpleNamespace(**config)
+        task = loading.load_task(cfg)
+        # seeded as the synchronous loop's process (LoRA init, then sampling): worker 0 in
+        # --lockstep samples what train.py without workers samples; the others, streams of their own
+        model, tokenizer, task = loading.load_model(cfg, task, device, rank=0)
+        if index:
+            torch.manual_seed(cfg.seed + 1000 * index)
+        model.eval()
+        cfg.max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
+        fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
+            else None
+        link = WorkerLink(index, orders, results, weights, version, trainer_step, lock, parent,
+                          cfg, fast)
+        results.put(("ready", index))
+        reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
+        counted = CountingReward(reward, link)
+        worker_loop(model, tokenizer, counted, cfg, link)
+    except BaseException as e:                  # SystemExit too: a one-line exit of loading.py
+        said = getattr(e, "code", None) if isinstance(e, SystemExit) else (
+            str(e) if isinstance(e, loading.RewardError) else None)     # already one line
+        words = (str(said) if said is not None else f"{type(e).__name__}: {e}").strip().splitlines()
+        line = words[0] if words else type(e).__name__
+        try:
+            results.put(("failed", index, line.removeprefix("error: ")))
+            results.close()
+            results.join_thread()
+        finally:
+            os._exit(1)
+    os._exit(0)
+
+
+class CountingReward:
+    """The checked reward, its errors (scored 0 with --on-reward-error zero) counted per round."""
+
+    def __init__(self, reward, link: WorkerLink):
+        self.reward, self.link = reward, link
+
+    def __call__(self, prompt: str, completion: str) -> float:
+        before = self.reward.errors
+        value = self.reward(prompt, completion)
+        self.link.reward_errors += self.reward.errors - before
+        return value
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the trainer dies, however it dies (kill -9 too), so
+    no worker outlives its run. Elsewhere the worker checks its parent while it waits."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)       # PR_SET_PDEATHSIG
+        except OSError:
+            pass

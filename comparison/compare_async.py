@@ -1,0 +1,82 @@
+"""Issue 51's learning in wall-clock: does a generation worker, and the paper's sampler behind it,
+reach a target sooner in wall seconds than synchronous on-policy rounds, where generation
+dominates? The target and its rule are fixed here, before the runs.
+
+    python comparison/compare_async.py demo --print      # the compare.py command, nothing run
+    python comparison/compare_async.py demo              # 5 warm starts of the demo model
+    python comparison/compare_async.py smollm2           # SmolLM2-135M, 3 seeds (a first look)
+
+The setting is generation-heavy on this CPU: small rounds, whose decode steps cost about as much
+for a few sequences as for many, so a rollout costs more to generate than to train on (tiny
+model, written work, 16 rollouts a round: 7.8 ms against 3.3 ms, docs/results/cost_cpu_columns;
+SmolLM2, one prompt a round: about 3x, benchmarks/async_throughput.py's "heavy"). Three arms, the
+same B, lr and budget of generated tokens:
+  sync_on_policy   the synchronous loop, S = B = N: a step once B new rollouts are stored
+  async_on_policy  one worker (--generators 1), S = B = N: each rollout used once, the step and
+                   the next rounds' generation overlap
+  async_replay     one worker, N = 2B, S = 0: the paper's sampler, the trainer stepping on the
+                   buffer whenever it can; each rollout used as often as the two rates allow
+Runs go one at a time (--jobs 1): an async run's two processes take both cores, and wall seconds
+count only from a run with nothing else on the cores. Primary figure: wall seconds to first reach
+the target (paired per replicate, 90% bootstrap intervals), with tokens beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+SETTINGS = {
+    # name: (compare.py's own flags, the arms' shared train.py flags, B)
+    "demo": (["--model", "tiny", "--task", "columns", "--num-generations", "8", "--lr", "1e-3",
+              "--seeds", "5", "--budget-tokens", "12000", "--early-tokens", "6000",
+              "--early-evals", "12", "--evals", "3", "--eval-prompts", "200",
+              "--target", "0.6", "--target-rule", "first"],
+             "--prompts-per-round 2", 16),
+    "smollm2": (["--model", "smollm2", "--task", "sums", "--num-generations", "4",
+                 "--lr", "2.5e-4", "--seeds", "3", "--budget-tokens", "8000",
+                 "--early-tokens", "6000", "--early-evals", "6", "--evals", "2",
+                 "--eval-prompts", "200", "--target", "0.45", "--target-rule", "first",
+                 "--train-args", "--temperature 0.7"],
+                "--prompts-per-round 1 --no-skip-zero-advantage", 16),
+}
+PAIRS = ("async_replay:sync_on_policy", "async_on_policy:sync_on_policy",
+         "async_replay:async_on_policy")
+
+
+def arms(shared: str, B: int) -> dict[str, str]:
+    on_policy = f"{shared} --buffer-size {B} --new-per-update {B}"
+    return {"sync_on_policy": on_policy,
+            "async_on_policy": f"--generators 1 {on_policy}",
+            "async_replay": f"--generators 1 {shared} --buffer-size {2 * B}"}
+
+
+def compare_argv(setting: str) -> list[str]:
+    own, shared, B = SETTINGS[setting]
+    argv = own + ["--batch-size", str(B), "--arms", *arms(shared, B)]
+    for name, flags in arms(shared, B).items():
+        argv += ["--arm", name, flags]
+    return argv + ["--pairs", *PAIRS, "--jobs", "1",
+                   "--records", f"docs/results/records/async_{setting}",
+                   "--output-dir", f"runs/async_{setting}"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="compare_async.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("setting", choices=SETTINGS)
+    p.add_argument("--print", action="store_true", help="print the command and run nothing")
+    args = p.parse_args(argv)
+    cmd = compare_argv(args.setting)
+    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in cmd), flush=True)
+    if not args.print:
+        import compare
+        return compare.main(cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""--generators W (async_rl.py): worker processes generate while the trainer steps.
+
+Exact where it can be (--lockstep is the synchronous loop, metric for metric); nothing generated
+is thrown away; S keeps its meaning; a worker that fails stops the run after a checkpoint, with
+one line naming it; a Ctrl-C to the whole process group saves; --resume continues; no process of
+the run is left alive, whatever ends it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import async_rl
+import checkpoint
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "16",
+         "--batch-size", "16", "--eval-prompts", "20", "--eval-every", "2", "--seed", "3",
+         "--no-progress", "--no-plot"]
+TIMINGS = ("_seconds", "_frac", "_per_s")
+
+
+def rows(run):
+    return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+
+
+def without_timings(run):
+    """Its step and eval rows, timings aside (an async run also writes a row for each round)."""
+    return [{k: v for k, v in r.items() if not k.endswith(TIMINGS)} for r in rows(run)
+            if r.get("updates") != 0]
+
+
+def final_state(run):
+    with open(os.path.join(checkpoint.find(run), "state.json")) as f:
+        return json.load(f)["state"]
+
+
+@pytest.mark.slow
+def test_lockstep_is_the_synchronous_loop_metric_for_metric(tmp_path, tiny_path):
+    """Worker 0 is seeded as the synchronous process, the trainer draws the prompts and waits for
+    the weights of every step: the same samples, the same steps, the same evals; every rollout
+    trained at age 0 with rho = 1 (within 1e-5)."""
+    sync, lockstep = str(tmp_path / "sync"), str(tmp_path / "lockstep")
+    train.main(SMALL + ["--max-rounds", "4", "--output-dir", sync])
+    train.main(SMALL + ["--max-rounds", "4", "--output-dir", lockstep, "--generators", "1",
+                        "--lockstep"])
+    assert without_timings(lockstep) == without_timings(sync)
+    steps = [r for r in rows(lockstep) if "is_ratio_max" in r]
+    assert len(steps) == 4
+    for r in steps:
+        assert r["age_max"] == 0 and abs(r["is_ratio_max"] - 1) < 1e-5
+        assert r["trainer_wait_frac"] > 0       # the async figures are there, measured
+
+
+@pytest.mark.slow
+def test_async_on_policy_uses_each_rollout_once_and_replay_throws_nothing_away(tmp_path, tiny_path):
+    """S = B = N: every stored rollout trained on exactly once (none evicted unused). S = 0 (the
+    paper's sampler): every generated rollout stored, none evicted before its first use (the
+    worker waits for room instead), the trainer steps on whatever the buffer holds."""
+    on_policy, replay = str(tmp_path / "on"), str(tmp_path / "replay")
+    train.main(SMALL + ["--max-rounds", "6", "--output-dir", on_policy, "--generators", "1",
+                        "--new-per-update", "16"])
+    state = final_state(on_policy)
+    assert state["rollouts_generated"] == state["rollouts_stored"] == 6 * 16
+    assert state["rollouts_trained"] == state["rollouts_stored"] == state["step"] * 16
+    assert state["left_by_uses"] in ([0, 80], [0, 80, 0])   # the last 16 still in the buffer
+    assert state["age_max"] <= 1            # generated while the trainer took one step at most
+
+    train.main(SMALL + ["--max-rounds", "6", "--output-dir", replay, "--generators", "1",
+                        "--buffer-size", "32"])
+    state = final_state(replay)
+    assert state["rollouts_generated"] == state["rollouts_stored"] == 6 * 16
+    assert state["left_by_uses"][0] == 0 and sum(state["left_by_uses"]) == 6 * 16 - 32
+    assert state["rollouts_trained"] == state["step"] * 16 >= 16
+
+
+def test_the_loop_rules_with_a_stand_in_buffer():
+    """S counts stored rollouts: K steps per S new ones (here 3 rounds of 16 at S = 8: 6 steps);
+    the trainer's room rule counts unused rollouts and those on their way against N."""
+    from types import SimpleNamespace
+    from buffer import ReplayBuffer, Rollout
+    import torch
+
+    cfg = SimpleNamespace(new_per_update=8, updates_per_round=1, lockstep=False, batch_size=16,
+                          buffer_size=32, rollouts_per_round=16, num_generations=4,
+                          max_rounds=3, max_gen_tokens=0)
+    state = train.LoopState()
+    written = []
+    run = SimpleNamespace(cfg=cfg, state=state, buffer=ReplayBuffer(32),
+                          report=SimpleNamespace(row=lambda state, row: written.append(row)))
+    one = lambda: Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0, 0.5, 0,
+                          baseline=0.5, temperature=1.0)
+    gen = {"new_tokens": 16, "reward": 1.0, "zero_adv_frac": 0.0, "rollout_entropy": 0.1,
+           "completion_len": 1.0, "truncated_frac": 0.0, "reward_errors": 0}
+    assert async_rl.room_for_a_round(run, outstanding=1)         # 2 x 16 fit in 32
+    assert not async_rl.room_for_a_round(run, outstanding=2)     # 3 x 16: the first evicted
+    async_rl.store(run, [one() for _ in range(16)], gen)
+    assert state.pending_updates == 2 and state.new_since_step == 0 and state.round == 1
+    assert written[-1]["updates"] == 0 and written[-1]["buffer_fill"] == 16    # the round's row
+    assert async_rl.step_due(run)
+    assert async_rl.room_for_a_round(run, outstanding=0)         # 16 + 16 fit
+    assert not async_rl.room_for_a_round(run, outstanding=1)     # would evict 16 unused
+    run.buffer.items[0].uses = 1
+    run.buffer.items[-1].uses = 1
+    assert not async_rl.room_for_a_round(run, outstanding=1)     # FIFO: the oldest 16 leave
+    for r in run.buffer.items:
+        r.uses = 1
+    assert async_rl.room_for_a_round(run, outstanding=1)
+    cfg.new_per_update = 0                                       # S = 0: always due with B in
+    state.pending_updates = 0
+    assert async_rl.step_due(run)
+
+
+def reward_file(tmp_path, body):
+    """A --reward file whose misbehaviour a marker file switches on (so a resume can go on)."""
+    marker = tmp_path / "misbehave"
+    path = tmp_path / "reward.py"
+    path.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {ROOT!r})
+        import tasks
+        ADD = tasks.addition_task(2).reward
+        calls = [0]
+
+        def reward(prompt, completion):
+            calls[0] += 1
+            if os.path.exists({str(marker)!r}) and calls[0] > 40:
+        """) + textwrap.indent(textwrap.dedent(body), " " * 8)
+                    + "    return ADD(prompt, completion)\n")
+    marker.write_text("on")
+    return f"{path}:reward", marker
+
+
+def start(run, *flags):
+    """train.py in a session of its own (its own process group, as a terminal gives a job)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "REPLAY_RL_STOP_GRACE": "60"}
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *SMALL,
+                             "--output-dir", run, "--generators", "1", *flags], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def group_gone(pgid, within=10.0):
+    """Whether every process of the group has ended (within a few seconds)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def wait_for_step(run, proc, steps=1, within=120):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(os.path.join(run, "metrics.jsonl")):
+            if sum("is_ratio_mean" in r for r in rows_safe(run)) >= steps:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no step {steps} within {within} s: {proc.poll()} {proc.stderr.read()}")
+
+
+def rows_safe(run):
+    try:
+        return rows(run)
+    except ValueError:          # a line being written
+        return []
+
+
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+FAULTS = [("a reward that raises", "raise ValueError('bad reward')\n",
+           "generation worker 0 failed: the reward function failed"),
+          ("a reward past --reward-timeout", "time.sleep(30)\n", "took longer than 1 s")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
+@pytest.mark.parametrize("what, body, says", FAULTS, ids=[f[0] for f in FAULTS])
+def test_a_failing_worker_stops_the_run_after_a_checkpoint_and_resume_goes_on(
+        what, body, says, tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    reward, marker = reward_file(tmp_path, body)
+    proc = start(run, "--max-rounds", "30", "--reward", reward, "--reward-timeout", "1")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert says in last and "checkpoint saved to" in last, err
+    assert f"resume with: python train.py --resume {run}" in last
+    assert "Traceback" not in err
+    assert group_gone(proc.pid)
+    saved = final_state(run)
+    assert 0 < saved["round"] < 30
+    marker.unlink()                             # the reward behaves now: the run goes on
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--resume", run,
+                           "--max-rounds", str(saved["round"] + 2)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert final_state(run)["round"] == saved["round"] + 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
+def test_a_worker_killed_stops_the_run_with_one_line_naming_it(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "400")
+    wait_for_step(run, proc)
+    (worker,) = children(proc.pid)[-1:]
+    os.kill(worker, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert f"generation worker 0 (pid {worker}) killed by SIGKILL" in err.strip().splitlines()[-1]
+    assert checkpoint.find(run) is not None
+    assert group_gone(proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
+def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path, tiny_path):
+    """What a terminal sends: SIGINT to every process of the job. The workers ignore it, the
+    trainer stops them, saves and exits 130; nothing of the run is left; --resume finishes."""
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "60")
+    wait_for_step(run, proc, steps=2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert f"resume with: python train.py --resume {run}" in err
+    assert "Traceback" not in err
+    assert group_gone(proc.pid)
+    saved = final_state(run)
+    assert 0 < saved["round"] < 60
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--resume", run,
+                           "--progress"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert final_state(run)["round"] == 60
+    assert "async: 1 worker(s)" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, PR_SET_PDEATHSIG")
+def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "400")
+    wait_for_step(run, proc)
+    assert children(proc.pid)                   # the worker
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert group_gone(proc.pid)
+
+
+REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
+            (["--generator-devices", "cpu"], "--generator-devices: only with --generators"),
+            (["--generators", "-1"], "--generators -1: must be >= 0"),
+            (["--generators", "1", "--sync-every", "0"], "--sync-every 0: must be > 0"),
+            (["--generators", "1", "--buffer-size", "64", "--batch-size", "64",
+              "--new-per-update", "64"], "every round is stored whole"),
+            (["--generators", "1", "--lockstep", "--sync-every", "2"], "--lockstep"),
+            (["--generators", "1", "--sync-every", "4", "--max-lag", "1",
+              "--new-per-update", "128"], "--max-lag 1 with --sync-every 4")]
+
+
+@pytest.mark.parametrize("flags, says", REFUSALS, ids=[" ".join(f) for f, _ in REFUSALS])
+def test_async_flags_that_cannot_work_are_refused_in_one_line(flags, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and says in err[0], err
