@@ -174,8 +174,7 @@ class Generators:
         self.outstanding = 0                    # rounds ordered, not yet arrived
         self.seen = [[0.0] * 4 for _ in range(self.n_workers)]     # each worker's times so far
         self.ready = 0                          # workers that have loaded their model
-        self.clock = self.evals_at = None       # wall time counted up to here (once all ready),
-                                                # and the eval seconds up to here
+        self.clock = None                       # when the last of them was ready
         self.procs = []
 
     def __enter__(self):
@@ -256,7 +255,8 @@ class Generators:
                 break
             self.ready += 1             # a worker loaded its model: the clock starts with the last
             if self.ready == self.n_workers:
-                self.clock, self.evals_at = time.perf_counter(), state.eval_seconds
+                self.run.report.restart_clock(state)
+                self.clock = time.perf_counter()
         if wait and self.clock is not None:
             state.trainer_wait_seconds += time.perf_counter() - max(start, self.clock)
         if message is None:
@@ -290,18 +290,15 @@ class Generators:
                 raise WorkerFailed(f"generation worker {i} (pid {p.pid}) {how}") from None
 
     def account(self, state) -> None:
-        """The wall time since the last call into the loop state (from the moment every worker
-        had loaded its model, evals excluded), and the async figures of the next metrics row
-        into its round_stats: the shares of wall time the trainer waited for
+        """The wall clock brought up to now (report.Report.tick: from the moment every worker had
+        loaded its model, evals excluded), and the async figures of the next metrics row into its
+        round_stats: the shares of wall time the trainer waited for
         rollouts and the workers (on average) for weights or for room; rollouts generated, stored
         and trained on per wall second."""
-        if self.clock is not None:      # since every worker is ready; evals excluded
-            now = time.perf_counter()
-            state.wall_seconds += now - self.clock - (state.eval_seconds - self.evals_at)
-            self.clock, self.evals_at = now, state.eval_seconds
+        self.run.report.tick(state)     # the wall clock: since every worker is ready
         wall, n = max(state.wall_seconds, 1e-9), self.n_workers
         state.round_stats.update({
-            "wall_seconds": state.wall_seconds, "trainer_wait_seconds": state.trainer_wait_seconds,
+            "trainer_wait_seconds": state.trainer_wait_seconds,
             "worker_weights_wait_seconds": state.worker_weights_wait_seconds,
             "worker_room_wait_seconds": state.worker_room_wait_seconds,
             "trainer_wait_frac": state.trainer_wait_seconds / wall,

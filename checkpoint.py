@@ -68,7 +68,7 @@ class LoopState:
     world_size: int = 1             # processes, each with its own buffer shard
     # --generators W (async_rl.py): the trainer's own clock and what the processes waited for
     new_since_step: int = 0         # rollouts stored since the last step (S counts them)
-    wall_seconds: float = 0.0       # wall time of the async loop (evals included)
+    wall_seconds: float = 0.0       # the loop's wall time, evals excluded (report.Report.tick)
     trainer_wait_seconds: float = 0.0           # the trainer waiting for rollouts
     worker_weights_wait_seconds: float = 0.0    # the workers waiting for newer weights (summed)
     worker_room_wait_seconds: float = 0.0       # the workers waiting for an order: no room

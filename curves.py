@@ -83,7 +83,7 @@ def _finite(v) -> bool:
 
 def _x(row: dict, key: str):
     if key == "seconds":                            # time spent generating and training (evals excluded)
-        if row.get("wall_seconds"):                 # async: the two overlap; its wall clock
+        if row.get("wall_seconds"):                 # the loop's wall clock, where it has one
             return row["wall_seconds"]
         g, t = row.get("gen_seconds"), row.get("train_seconds")
         return g + t if _finite(g) and _finite(t) else None
@@ -188,7 +188,8 @@ def plot_run(run_dir: str, path: str | None = None):
     series(acc_tokens, steps, "gen_tokens", "reward", "sampled reward of the newest round", "C1", window)
     accuracy_axes(acc_tokens, "generated completion tokens", "accuracy and reward (healthy: rising)", counts=True)
     acc_tokens.set_ylabel("accuracy / mean reward")
-    accuracy_axes(acc_seconds, "wall seconds, evals excluded" if asynchronous else
+    walled = any(r.get("wall_seconds") for r in steps)
+    accuracy_axes(acc_seconds, "wall seconds, evals excluded" if walled else
                   "seconds generating + training (evals excluded)", "accuracy against time")
     for ax in (acc_tokens, acc_seconds):
         _legend(ax, loc="best")

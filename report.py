@@ -22,7 +22,7 @@ from curves import plot_run
 
 # the loop's counters, at the head of every line of metrics.jsonl
 COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "gen_cpu_seconds",
-            "train_cpu_seconds", "eval_seconds", "skipped_steps",
+            "train_cpu_seconds", "eval_seconds", "wall_seconds", "skipped_steps",
             "reward_errors", "idle_rounds", "lapsed_updates", "rollouts_generated", "rollouts_stored",
             "rollouts_trained")
 
@@ -57,6 +57,22 @@ class Report:
                     "or python comparison/plot.py RUN later)")
         self.bar = tqdm(total=cfg.max_rounds, initial=state.round, desc="rounds",
                         dynamic_ncols=True, disable=not cfg.progress or not distributed.is_main())
+        self.restart_clock(state)
+
+    def restart_clock(self, state) -> None:
+        """The loop's wall clock (state.wall_seconds) runs on from here: from the start of the
+        loop, or with --generators from the moment every worker has loaded its model."""
+        self.clock = (time.perf_counter(), getattr(state, "wall_seconds", 0.0),
+                      getattr(state, "eval_seconds", 0.0))
+
+    def tick(self, state) -> float:
+        """state.wall_seconds brought up to now: the loop's wall time, evals excluded (their own
+        clock, eval_seconds), so that it counts what the synchronous loop's generation and
+        training seconds count, and the loop's bookkeeping besides."""
+        if hasattr(state, "wall_seconds"):
+            start, wall, evals = self.clock
+            state.wall_seconds = wall + time.perf_counter() - start - (state.eval_seconds - evals)
+        return getattr(state, "wall_seconds", 0.0)
 
     def row(self, state, row: dict) -> None:
         """One line of metrics.jsonl, the loop state's COUNTERS then the row (and its numbers as
@@ -65,9 +81,8 @@ class Report:
         if self.metrics is None:
             return
         runfolder.check_writer(self.run_dir)    # not a process forked from the run
-        row = {**{k: getattr(state, k) for k in COUNTERS},      # async: its wall clock too
-               **({"wall_seconds": state.wall_seconds}
-                  if getattr(state, "wall_seconds", 0) else {}), **row}
+        self.tick(state)
+        row = {**{k: getattr(state, k) for k in COUNTERS if hasattr(state, k)}, **row}
         # a full disk: one line (train.py); a resume cuts the partial line off
         with runfolder.full_disk_as_one_line(self.run_dir, self.metrics.name):
             self.metrics.write(json.dumps(row) + "\n")
@@ -86,7 +101,7 @@ class Report:
         if not self.plot:
             return
         try:
-            plot_run(self.run_dir)
+            plot_run(self.run_dir)              # (its time: train.evaluate counts it an eval's)
         except Exception as e:      # a figure is not worth a run (a full disk, a matplotlib quirk)
             print(f"warning: curves.png not drawn ({type(e).__name__}: {e})", file=sys.stderr)
 

@@ -341,7 +341,8 @@ def evaluate(run: Run) -> float:
     run.model.train()
     scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
     run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
-    run.report.curves()
+    with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
+        run.report.curves()
     return state.last_accuracy
 
 

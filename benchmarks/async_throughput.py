@@ -13,8 +13,7 @@ sampler: the trainer never waits for new rollouts). Every figure is read from th
 metrics.jsonl over their steady state (from the first optimizer step to the last), not from a clock
 of this script's:
   steps_per_s, tokens_per_s    optimizer steps and generated completion tokens per wall second
-                               (sync: its generation and training seconds; async: its wall clock;
-                               evals excluded from both)
+                               (each loop's own wall clock, wall_seconds: evals excluded)
   replay_ratio, age_mean       rollouts trained on / stored; their mean age at training (steps)
   trainer_idle, worker_idle    async: the share of wall time the trainer waited for rollouts, and
                                the worker for an order (no room in the buffer) or for weights
@@ -78,9 +77,8 @@ def run(flags: list[str], rounds: int, threads: int, seed: int) -> dict:
             rows = [json.loads(line) for line in f]
     steps = [r for r in rows if "is_ratio_mean" in r]
     first, last = steps[0], steps[-1]
-    asynchronous = "wall_seconds" in last
-    clock = ((lambda r: r["wall_seconds"]) if asynchronous
-             else (lambda r: r["gen_seconds"] + r["train_seconds"]))
+    asynchronous = "trainer_wait_seconds" in last
+    clock = lambda r: r["wall_seconds"]         # the loop's wall clock, evals excluded, both loops
     seconds = clock(last) - clock(first)
     n_steps, rounds_done = last["step"] - first["step"], last["round"] - first["round"]
     figures = {"steps": n_steps, "seconds": seconds, "steps_per_s": n_steps / seconds,

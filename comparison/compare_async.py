@@ -11,7 +11,7 @@ for a few sequences as for many, so a rollout costs more to generate than to tra
 model, written work, 16 rollouts a round: 7.8 ms against 3.3 ms, docs/results/cost_cpu_columns;
 SmolLM2, one prompt a round: about 3x, benchmarks/async_throughput.py's "heavy"). Three arms, the
 same B, lr and budget of generated tokens:
-  sync_on_policy   the synchronous loop, S = B = N: a step once B new rollouts are stored
+  on_policy        the synchronous loop, S = B = N: a step once B new rollouts are stored
   async_on_policy  one worker (--generators 1), S = B = N: each rollout used once, the step and
                    the next rounds' generation overlap
   async_replay     one worker, N = 2B, S = 0: the paper's sampler, the trainer stepping on the
@@ -44,15 +44,15 @@ SETTINGS = {
                  "--train-args", "--temperature 0.7"],
                 "--prompts-per-round 1 --no-skip-zero-advantage", 16),
 }
-PAIRS = ("async_replay:sync_on_policy", "async_on_policy:sync_on_policy",
+PAIRS = ("async_replay:on_policy", "async_on_policy:on_policy",
          "async_replay:async_on_policy")
 
 
 def arms(shared: str, B: int) -> dict[str, str]:
-    on_policy = f"{shared} --buffer-size {B} --new-per-update {B}"
-    return {"sync_on_policy": on_policy,
+    on_policy = f"{shared} --batch-size {B} --buffer-size {B} --new-per-update {B}"
+    return {"on_policy": on_policy,
             "async_on_policy": f"--generators 1 {on_policy}",
-            "async_replay": f"--generators 1 {shared} --buffer-size {2 * B}"}
+            "async_replay": f"--generators 1 {shared} --batch-size {B} --buffer-size {2 * B}"}
 
 
 def compare_argv(setting: str) -> list[str]:

@@ -13,9 +13,11 @@ rollouts are stored; y = B / S uses of each stored rollout):
                    (records.discards_possible)
   async_on_policy  one generation worker (--generators 1), S = B = N = 16, P = 4
   async_replay     one worker, the paper's buffer with y fixed at 2: S = 8, N = B = 16, P = 4
-  async_control    one worker, S = B = N = 8, P = 4: as many steps per stored rollout as
-                   async_replay, no reuse; it differs from async_replay in B and N too (a control
-                   with the same B and no reuse would take half the steps: that is async_on_policy)
+  async_control    one worker, B = S = 8, N = 16, --no-reuse (each rollout used once: sampled
+                   rollouts leave the buffer), P = 4: as many steps per stored rollout as
+                   async_replay, no reuse; it differs from async_replay in B and reuse (a control
+                   with the same B and no reuse would take half the steps: that is
+                   async_on_policy). N = 16 holds a whole round: with workers every round is stored
 Every flag each pair differs in is in summary.json ("differs") and on the page.
 The target: 0.45, fixed before the runs (on the rise of the committed comparison's curves, from
 0.165 at the start to on-policy's final 0.58), rule "first": each replicate's first eval at or
@@ -44,7 +46,7 @@ ARMS = {   # name: (async worker flags, P, N, B, S)
     "on_policy": ("--generators 0", 1, 16, 16, 16),
     "async_on_policy": ("--generators 1", 4, 16, 16, 16),
     "async_replay": ("--generators 1", 4, 16, 16, 8),
-    "async_control": ("--generators 1", 4, 8, 8, 8),
+    "async_control": ("--generators 1 --no-reuse", 4, 16, 8, 8),
 }
 PAIRS = ("async_replay:async_on_policy", "async_replay:async_control")
 
@@ -54,7 +56,7 @@ def arm_flags(name: str) -> str:
     return " ".join(filter(None, [extra, COMMON.format(P=P, N=N, B=B, S=S)]))
 
 
-def compare_argv(seeds: int, jobs: int = 2, output_dir: str = "runs/smollm2_async",
+def compare_argv(seeds: int, jobs: int = 1, output_dir: str = "runs/smollm2_async",
                  records: str = "docs/results/records/smollm2_async") -> list[str]:
     """compare.py's flags for the planned comparison."""
     argv = ["--model", "smollm2", "--task", "sums", "--num-generations", "4", "--batch-size", "16",
@@ -125,7 +127,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--print", action="store_true",
                    help="print the compare.py command and run nothing")
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side")
+    p.add_argument("--jobs", type=int, default=1, help="runs side by side (an async run's two "
+                   "processes take both cores: 1 for honest wall seconds)")
     args = p.parse_args(argv)
     cmd = compare_argv(planned_seeds(), args.jobs)
     print(command(cmd), flush=True)
