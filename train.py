@@ -15,8 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import sys
 from dataclasses import asdict, dataclass, field, replace
+
+if __name__ == "__main__":      # Ctrl-C while the libraries load: one line (then main()'s handler)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted while starting: nothing saved"))
 
 import torch
 

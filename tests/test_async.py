@@ -278,3 +278,17 @@ def test_async_flags_that_cannot_work_are_refused_in_one_line(flags, says, capsy
         train.parse_config(flags)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and says in err[0], err
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
+    """A Ctrl-C in the first second of `python train.py` (torch and transformers still importing,
+    nothing of the run written): one line, no traceback."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--output-dir",
+                             str(tmp_path / "run")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.15)            # torch takes seconds to import: the signal lands in the imports
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines() == ["interrupted while starting: nothing saved"]
+    assert not (tmp_path / "run").exists()
