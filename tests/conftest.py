@@ -39,6 +39,19 @@ def addition():
     return tasks.addition_task(2)
 
 
+def policy_with_an_adapter(path):
+    """(model, tokenizer): the policy of ``path`` with a LoRA adapter whose B is not zero, so that
+    LoRA is in the path of every forward (a fresh adapter adds nothing); seeded."""
+    import torch
+    from replay_rl import load_policy
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(path, lora_r=8)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    return model, tokenizer
+
+
 @pytest.fixture(scope="session")
 def tiny_path(addition):
     """The warm-started embedded model (built once, ~30 s, then cached on disk)."""

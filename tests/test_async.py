@@ -157,6 +157,20 @@ def group_gone(pgid, within=10.0):
     return False
 
 
+def running(tmp_path, *flags, steps=1):
+    """(run folder, process): train.py started (start) and past its first steps."""
+    run = str(tmp_path / "run")
+    proc = start(run, *flags)
+    wait_for_step(run, proc, steps)
+    return run, proc
+
+
+def resume(run, *flags, timeout=600):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--resume", run, *flags],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def wait_for_step(run, proc, steps=1, within=120):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and proc.poll() is None:
@@ -202,10 +216,7 @@ def test_a_failing_worker_stops_the_run_after_a_checkpoint_and_resume_goes_on(
     saved = final_state(run)
     assert 0 < saved["round"] < 30
     marker.unlink()                             # the reward behaves now: the run goes on
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--resume", run,
-                           "--max-rounds", str(saved["round"] + 2)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = resume(run, "--max-rounds", str(saved["round"] + 2))
     assert done.returncode == 0, done.stderr
     assert final_state(run)["round"] == saved["round"] + 2
 
@@ -213,9 +224,7 @@ def test_a_failing_worker_stops_the_run_after_a_checkpoint_and_resume_goes_on(
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
 def test_a_worker_killed_stops_the_run_with_one_line_naming_it(tmp_path, tiny_path):
-    run = str(tmp_path / "run")
-    proc = start(run, "--max-rounds", "400")
-    wait_for_step(run, proc)
+    run, proc = running(tmp_path, "--max-rounds", "400")
     (worker,) = children(proc.pid)[-1:]
     os.kill(worker, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
@@ -230,9 +239,7 @@ def test_a_worker_killed_stops_the_run_with_one_line_naming_it(tmp_path, tiny_pa
 def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path, tiny_path):
     """What a terminal sends: SIGINT to every process of the job. The workers ignore it, the
     trainer stops them, saves and exits 130; nothing of the run is left; --resume finishes."""
-    run = str(tmp_path / "run")
-    proc = start(run, "--max-rounds", "60")
-    wait_for_step(run, proc, steps=2)
+    run, proc = running(tmp_path, "--max-rounds", "60", steps=2)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err
@@ -241,9 +248,7 @@ def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path,
     assert group_gone(proc.pid)
     saved = final_state(run)
     assert 0 < saved["round"] < 60
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--resume", run,
-                           "--progress"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = resume(run, "--progress")
     assert done.returncode == 0, done.stderr
     assert final_state(run)["round"] == 60
     assert "async: 1 worker(s)" in done.stdout
@@ -252,9 +257,7 @@ def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path,
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, PR_SET_PDEATHSIG")
 def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path):
-    run = str(tmp_path / "run")
-    proc = start(run, "--max-rounds", "400")
-    wait_for_step(run, proc)
+    run, proc = running(tmp_path, "--max-rounds", "400")
     assert children(proc.pid)                   # the worker
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)

@@ -2,6 +2,7 @@ import copy
 import math
 
 import pytest
+from conftest import policy_with_an_adapter
 import torch
 
 from buffer import collate
@@ -21,12 +22,7 @@ def test_group_advantages_by_hand():
 
 @pytest.fixture(scope="module")
 def policy(tiny_path):
-    torch.manual_seed(0)
-    model, tokenizer = load_policy(tiny_path, lora_r=8)
-    for name, p in model.named_parameters():      # a non-zero adapter, so LoRA is in the path
-        if "lora_B" in name:
-            p.data.normal_(0, 0.05)
-    return model, tokenizer
+    return policy_with_an_adapter(tiny_path)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -4,6 +4,7 @@ import copy
 import math
 
 import pytest
+from conftest import policy_with_an_adapter
 import torch
 from transformers import GenerationConfig
 
@@ -16,12 +17,7 @@ from rollout import BehaviourLogProbs, generate_rollouts
 @pytest.fixture
 def policy(tiny_path):
     """A fresh policy each test: the tests below change its generation_config or its weights."""
-    torch.manual_seed(0)
-    model, tokenizer = load_policy(tiny_path, lora_r=8)
-    for name, p in model.named_parameters():        # a non-zero adapter, so LoRA is in the path
-        if "lora_B" in name:
-            p.data.normal_(0, 0.05)
-    return model, tokenizer
+    return policy_with_an_adapter(tiny_path)
 
 
 def largest_log_rho(model, tokenizer, rollouts, temperature=1.0):
