@@ -5,25 +5,26 @@ FIFO buffer the trainer samples.
 
     worker (--generators of them, each a process with its own copy of the policy)
         for each order (P prompts) the trainer gives:
-            load the newest published weights (wait for newer ones if more than L steps behind)
+            load the newest published weights (wait for newer ones if more than --max-lag behind)
             rollouts <- G samples per prompt, with log mu and A, stamped with that version
             push them to the trainer
     trainer (train.py's process)
-        publish the adapter's weights
+        publish the adapter's weights; evaluate (step 0)
         until the budget of rounds is in:
             order rounds while the buffer has room for their rollouts unused
             take what the workers pushed -> buffer.add (all of it: nothing generated is thrown away)
-            when a step is due (B in the buffer; with S, S new ones since the last step):
-                sample B -> one optimizer step; every k steps publish the weights
+            when a step is due (B in the buffer; with S, S new ones since the last steps):
+                sample B -> one optimizer step; every --sync-every steps publish the weights
             eval and checkpoint when due
 
-S = --new-per-update keeps its meaning: S = B is async on-policy (each rollout used once, one step
-stale at most); S = 0 never waits, the paper's sampler: the trainer steps as fast as it can on what
-the buffer holds, and the replay ratio is set by the two rates (measured, not chosen). --lockstep
-orders each round only once the weights of every step before it are published: each rollout is
-then trained on at age 0 with rho = 1, as in the synchronous loop (a check of exactness, not a
-way to train). Async runs are not bit-reproducible: which version a worker samples with, and which
-rounds arrive before a step, depend on how fast each process runs.
+S = --new-per-update keeps its meaning: K steps for every S new rollouts stored; S = B = N is async
+on-policy (each rollout used once, a step or so stale). S = 0 never waits, the paper's sampler: the
+trainer steps as fast as it can on what the buffer holds (K plays no part), and the replay ratio is
+set by the two rates (measured, not chosen). --lockstep orders each round only once the weights of
+every step before it are published: each rollout is then trained on at age 0 with rho = 1, as in
+the synchronous loop (a check of exactness, not a way to train). Async runs are not
+bit-reproducible: which version a worker samples with, and which rounds arrive before a step,
+depend on how fast each process runs.
 
 The two loops come first (``train_async``, ``worker_loop``); below them, the processes, queues and
 weight sharing (``Generators`` on the trainer's side, ``WorkerLink`` on a worker's). A worker never
@@ -53,9 +54,9 @@ from buffer import Rollout
 
 
 # ---- the two loops ---------------------------------------------------------------------------
-def train_async(run, sample_batch, step, evaluate, end_of_round) -> None:
+def train_async(run, sample_batch, update, evaluate, end_of_round) -> None:
     """The trainer: take what the workers pushed, add it to the buffer, step when a step is due.
-    train.py's steps: sample_batch(run) (B from the buffer, or None), step(run, sampled) (one
+    train.py's steps: sample_batch(run) (B from the buffer, or None), update(run, sampled) (one
     optimizer step), evaluate(run), end_of_round(run) (eval and checkpoint when due). Returns when
     the budget is in or a stop was asked (the caller saves)."""
     cfg, state = run.cfg, run.state
@@ -70,7 +71,7 @@ def train_async(run, sample_batch, step, evaluate, end_of_round) -> None:
             if step_due(run) and (sampled := take_batch(run, sample_batch)):
                 workers.order(run)              # the room it freed: generated during the step
                 workers.account(state)          # the time split, into this step's metrics row
-                step(run, sampled)              # one optimizer step
+                update(run, sampled)            # one optimizer step
                 if state.step % cfg.sync_every == 0:
                     workers.publish(run.model, state.step)
             if state.round_end_due and not (state.pending_updates and step_due(run)):
@@ -79,9 +80,14 @@ def train_async(run, sample_batch, step, evaluate, end_of_round) -> None:
 
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link: WorkerLink) -> None:
-    """A worker: for each order, the newest weights, one round of rollouts, pushed."""
+    """A worker: for each order, the newest weights, one round of rollouts, pushed. cfg: the run's
+    Config with max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream
+    (worker_main seeds it: two workers with one stream would sample the same completions)."""
+    if not cfg.max_new_tokens > 0:
+        raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
+    model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
     while (prompts := link.next_order()) is not None:       # waits while the buffer has no room
-        version = link.load_weights(model)                  # waits if more than L steps behind
+        version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, gen = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -449,7 +455,6 @@ def worker_main(index, config, device, threads, parent, orders, results, weights
         model, tokenizer, task = loading.load_model(cfg, task, device, rank=0)
         if index:
             torch.manual_seed(cfg.seed + 1000 * index)
-        model.eval()
         cfg.max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
         fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
             else None

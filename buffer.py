@@ -93,6 +93,9 @@ class ReplayBuffer:
                              "the filter is only for tis or ppo without KL (beta 0), which get no "
                              "gradient from a rollout of A = 0; asymre (coefficient tau) and the "
                              "KL term do")
+        if max_age is not None and max_age < 1:
+            raise ValueError(f"max_age {max_age}: None is no limit; 0 would drop every rollout "
+                             "one step after it was generated (no reuse at all)")
         if not 0 <= keep_correct_frac < 1:
             raise ValueError(f"keep_correct_frac must be in [0, 1), got {keep_correct_frac}")
         self.capacity = capacity

@@ -341,6 +341,10 @@ def async_problem(cfg) -> str | None:
         return (f"--buffer-size {cfg.buffer_size}: with --generators every round is stored whole, "
                 f"so the buffer must hold one (prompts_per_round x num_generations = "
                 f"{cfg.rollouts_per_round})")
+    if cfg.updates_per_round != 1 and not (cfg.new_per_update or cfg.lockstep):
+        return (f"--updates-per-round {cfg.updates_per_round} with --generators and S = 0: the "
+                "trainer steps whenever B are in, not K times a round; give --new-per-update S "
+                "(K steps per S new rollouts) or K = 1")
     if cfg.lockstep and (cfg.sync_every != 1 or cfg.new_per_update):
         return ("--lockstep: K updates after each round, with the weights published after every "
                 "step, as the synchronous loop: use it with --sync-every 1 and --new-per-update 0")

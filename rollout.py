@@ -50,6 +50,9 @@ class BehaviourLogProbs(LogitsProcessor):
     distribution: made with the generation_config that ``generate`` will be given (and no sampling
     keywords besides it), the recorder refuses in one line whatever would (``sampling_changes``:
     top_k unset or not 0, top_p < 1, a repetition penalty, ...), there or in the model's own.
+    Unchecked: a sampling keyword given to ``generate`` itself (``temperature=0.5``) overrides that
+    config unseen by this processor, and log mu is then of the wrong T: put every sampling setting
+    in the config (``sample_completions`` does).
     ``generate`` calls this processor once per new token, with z_t [batch, vocab] (after its own
     processors, before temperature, top-k and top-p) and with input_ids that end with the token
     sampled at the call before. So we keep log_softmax(z_t / T) for one call and gather it at the

@@ -208,7 +208,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     run = setup(cfg, task, saved, stop)
     with stop.keeping(run, save):               # an ending: a checkpoint, one line, how to resume
         if cfg.generators:                      # the paper's async system: worker processes
-            async_rl.train_async(run, sample_batch, step, evaluate, end_of_round)
+            async_rl.train_async(run, sample_batch, update, evaluate, end_of_round)
             stop_if_asked(run)
         else:
             if run.state.first_accuracy is None:
@@ -220,7 +220,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                         rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
                     add_to_buffer(run, rollouts, gen)               # FIFO; makes K updates due
                 for _ in due_updates(run):      # K, once the buffer holds B (with S: S new)
-                    step(run, sample_batch(run))                    # B sampled -> one step
+                    update(run, sample_batch(run))                  # B sampled -> one step
                 end_of_round(run)               # eval, progress bar, checkpoint when due
         return finish(run)                      # the last eval and checkpoint, the adapter
 
@@ -304,7 +304,7 @@ def sample_batch(run: Run) -> list | None:
     return run.buffer.sample(my_batch, remove=not cfg.reuse)
 
 
-def step(run: Run, sampled: list | None) -> None:
+def update(run: Run, sampled: list | None) -> None:
     """One optimizer step on the sampled rollouts (none: the updates lapsed), its metrics row."""
     if sampled is None:
         return

@@ -271,6 +271,7 @@ REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
             (["--generators", "1", "--buffer-size", "64", "--batch-size", "64",
               "--new-per-update", "64"], "every round is stored whole"),
             (["--generators", "1", "--lockstep", "--sync-every", "2"], "--lockstep"),
+            (["--generators", "1", "--updates-per-round", "2"], "not K times a round"),
             (["--generators", "1", "--sync-every", "4", "--max-lag", "1",
               "--new-per-update", "128"], "--max-lag 1 with --sync-every 4")]
 

@@ -198,3 +198,10 @@ def test_the_buffer_refuses_what_it_cannot_honour():
         with pytest.raises(ValueError, match="the filter is only for tis or ppo without KL"):
             ReplayBuffer(capacity=3, skip_zero_advantage=True, **kw)
     assert ReplayBuffer(capacity=3, skip_zero_advantage=True, loss_type="ppo").skip_zero_advantage
+
+
+def test_max_age_zero_is_refused_not_a_buffer_that_empties_after_every_step():
+    """train.py's --max-age 0 means no limit (it passes None); the class given 0 itself would keep
+    a rollout for one step only. A copier who wires a flag straight in gets one line instead."""
+    with pytest.raises(ValueError, match="None is no limit"):
+        ReplayBuffer(capacity=4, max_age=0)
