@@ -44,11 +44,18 @@ def final_state(run):
 def test_lockstep_is_the_synchronous_loop_metric_for_metric(tmp_path, tiny_path):
     """Worker 0 is seeded as the synchronous process, the trainer draws the prompts and waits for
     the weights of every step: the same samples, the same steps, the same evals; every rollout
-    trained at age 0 with rho = 1 (within 1e-5)."""
+    trained at age 0 with rho = 1 (within 1e-5). Both runs on the threads each process of the
+    lockstep run gets (as many threads, as many ways to sum: under `pytest -n 2` one, alone two)."""
+    import torch
     sync, lockstep = str(tmp_path / "sync"), str(tmp_path / "lockstep")
-    train.main(SMALL + ["--max-rounds", "4", "--output-dir", sync])
-    train.main(SMALL + ["--max-rounds", "4", "--output-dir", lockstep, "--generators", "1",
-                        "--lockstep"])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(async_rl.threads_each(1, "cpu"))
+        train.main(SMALL + ["--max-rounds", "4", "--output-dir", sync])
+        train.main(SMALL + ["--max-rounds", "4", "--output-dir", lockstep, "--generators", "1",
+                            "--lockstep"])
+    finally:
+        torch.set_num_threads(threads)
     assert without_timings(lockstep) == without_timings(sync)
     steps = [r for r in rows(lockstep) if "is_ratio_max" in r]
     assert len(steps) == 4
@@ -114,6 +121,38 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     cfg.new_per_update = 0                                       # S = 0: always due with B in
     state.pending_updates = 0
     assert async_rl.step_due(run)
+
+
+def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_worker():
+    """The trainer orders only between steps: before a step it must have ordered every round the
+    worker can generate during it. R = 4, B = 16, N = 32, S = 0, one worker, every stored rollout
+    used: room for 8 rounds, and 1 + 16/4 = 5 are ordered (two, before: a step fed by four rounds
+    left the worker idle for part of it); R = B = 16: 1 + 1 = 2. Orders stop at the budget."""
+    import random
+    import types
+    from buffer import ReplayBuffer, Rollout
+    import torch
+
+    def ordered(R, B, max_rounds=100):
+        cfg = types.SimpleNamespace(generators=1, batch_size=B, rollouts_per_round=R, buffer_size=32,
+                                    new_per_update=0, lockstep=False, prompts_per_round=R // 4,
+                                    max_rounds=max_rounds, max_gen_tokens=0)
+        run = types.SimpleNamespace(cfg=cfg, state=train.LoopState(), buffer=ReplayBuffer(32),
+                                    rng=random.Random(0),
+                                    task=types.SimpleNamespace(train_prompts=list("abcdefgh")))
+        run.buffer.add([Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0,
+                                0.5, 0, baseline=0.5, temperature=1.0) for _ in range(32)])
+        for r in run.buffer.items:
+            r.uses = 1
+        workers = async_rl.Generators(run)
+        workers.trainer_step = types.SimpleNamespace(value=0)
+        workers.orders = types.SimpleNamespace(put=lambda prompts: None)
+        workers.order(run)
+        return workers.outstanding
+
+    assert ordered(R=4, B=16) == 5
+    assert ordered(R=16, B=16) == 2
+    assert ordered(R=4, B=16, max_rounds=3) == 3
 
 
 def reward_file(tmp_path, body):
