@@ -10,8 +10,8 @@ Each pair runs, back to back and alternating which goes first, the same settings
          shared out (one each on 2 cores),
 at S = B (async on-policy: a step per round, each rollout used once) and at S = 0 (the paper's
 sampler: the trainer never waits for new rollouts). Every figure is read from the runs'
-metrics.jsonl over their steady state (from the first optimizer step to the last), not from a clock
-of this script's:
+metrics.jsonl over their steady state (from the first optimizer step to the last before the budget
+shows: see run()), not from a clock of this script's:
   steps_per_s, tokens_per_s    optimizer steps and generated completion tokens per wall second
                                (each loop's own wall clock, wall_seconds: evals excluded)
   replay_ratio, age_mean       rollouts trained on / stored; their mean age at training (steps)
@@ -75,7 +75,19 @@ def run(flags: list[str], rounds: int, threads: int, seed: int) -> dict:
             sys.exit(f"error: train.py {' '.join(flags)} failed:\n{done.stderr[-2000:]}")
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
-    steps = [r for r in rows if "is_ratio_mean" in r]
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+    # The steady state ends where the budget starts to show: the trainer orders up to n + ceil(B/R)
+    # rounds ahead (async_rl.Generators), so once more than rounds - that many have arrived, no
+    # more are ordered, the worker runs out of work, and the last steps come from rounds made
+    # during earlier steps (a step per 17.8 rounds' generation instead of 20: 1.12x "ideal"). Both
+    # loops' windows end at the last step before that.
+    R = cfg["prompts_per_round"] * cfg["num_generations"]
+    ahead = max(cfg["generators"], 1) + -(-cfg["batch_size"] // R)
+    steps = [r for r in rows if "is_ratio_mean" in r and r["round"] <= rounds - ahead]
+    if len(steps) < 3:
+        sys.exit(f"error: {rounds} rounds leave {len(steps)} steps before the budget shows "
+                 f"(rounds - {ahead}); give more --rounds")
     first, last = steps[0], steps[-1]
     asynchronous = "trainer_wait_seconds" in last
     clock = lambda r: r["wall_seconds"]         # the loop's wall clock, evals excluded, both loops
