@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import multiprocessing
 import os
 import queue
@@ -152,6 +153,14 @@ def budget_spent(run) -> bool:
     return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
 
 
+def rounds_ahead(n_workers: int, batch_size: int, rollouts_per_round: int) -> int:
+    """How many rounds the trainer keeps on their way: a batch's worth, ceil(B / R), plus one per
+    worker. It orders only between steps, so what it ordered before a step is all the workers have
+    to generate during it (with two per worker, a step fed by four rounds left the worker idle for
+    part of every step)."""
+    return n_workers + math.ceil(batch_size / rollouts_per_round)
+
+
 def room_for_a_round(run, outstanding: int) -> bool:
     """Whether a round of R more rollouts, after those on their way, would evict (FIFO: the oldest
     first) only rollouts already used: the worker waits instead of generating what would push an
@@ -171,16 +180,14 @@ class Generators:
     """The worker processes, from the trainer's side: orders out, rounds in, weights published.
 
     Orders carry the prompts (drawn from the run's prompt stream, here, so a checkpoint keeps it),
-    only while the buffer has room for their rollouts unused, and at most a batch's worth of rounds
-    plus one per worker on their way: the trainer orders only between steps, so what it ordered
-    before a step is all the workers have to generate during it (with two per worker, a step fed by
-    four rounds left the worker idle for part of every step). A round on its way when the run stops is dropped: its tokens
-    were never counted, and a resume orders it again."""
+    only while the buffer has room for their rollouts unused, and at most rounds_ahead of them on
+    their way. A round on its way when the run stops is dropped: its tokens were never counted, and
+    a resume orders it again."""
 
     def __init__(self, run):
         self.run, self.cfg, self.n_workers = run, run.cfg, run.cfg.generators
         self.outstanding = 0                    # rounds ordered, not yet arrived
-        self.ahead = self.n_workers + -(-self.cfg.batch_size // self.cfg.rollouts_per_round)
+        self.ahead = rounds_ahead(self.n_workers, self.cfg.batch_size, self.cfg.rollouts_per_round)
         self.seen = [[0.0] * 4 for _ in range(self.n_workers)]     # each worker's times so far
         self.ready = 0                          # workers that have loaded their model
         self.clock = None                       # when the last of them was ready
@@ -235,7 +242,7 @@ class Generators:
         (left_by_uses), where waiting for room would never end."""
         self.trainer_step.value = run.state.step
         cfg = self.cfg
-        while (self.outstanding < self.ahead          # n + ceil(B / R) rounds on their way
+        while (self.outstanding < self.ahead
                and not budget_spent_with(run, self.outstanding)
                and (room_for_a_round(run, self.outstanding)
                     or (self.outstanding == 0 and not step_due(run)))):

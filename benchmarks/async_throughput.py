@@ -36,6 +36,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import async_rl  # noqa: E402  (rounds_ahead: where a run's steady state ends)
 EVALS_OFF = ["--eval-every", "1000000", "--eval-prompts", "1", "--no-progress", "--no-plot"]
 # Each setting: (flags of both arms, B). smollm2: its own defaults (4 prompts x 4) without the
 # zero-advantage filter, so every round stores R = B = 16 and S = B is one step per round; heavy:
@@ -77,13 +80,12 @@ def run(flags: list[str], rounds: int, threads: int, seed: int) -> dict:
             rows = [json.loads(line) for line in f]
         with open(os.path.join(out, "config.json")) as f:
             cfg = json.load(f)
-    # The steady state ends where the budget starts to show: the trainer orders up to n + ceil(B/R)
-    # rounds ahead (async_rl.Generators), so once more than rounds - that many have arrived, no
-    # more are ordered, the worker runs out of work, and the last steps come from rounds made
-    # during earlier steps (a step per 17.8 rounds' generation instead of 20: 1.12x "ideal"). Both
+    # The steady state ends where the budget starts to show: the trainer keeps rounds_ahead rounds
+    # on their way, so once more than rounds - that many have arrived, no more are ordered, the
+    # worker runs out of work, and the last steps come from rounds made during earlier steps. Both
     # loops' windows end at the last step before that.
-    R = cfg["prompts_per_round"] * cfg["num_generations"]
-    ahead = max(cfg["generators"], 1) + -(-cfg["batch_size"] // R)
+    ahead = async_rl.rounds_ahead(max(cfg["generators"], 1), cfg["batch_size"],
+                                  cfg["prompts_per_round"] * cfg["num_generations"])
     steps = [r for r in rows if "is_ratio_mean" in r and r["round"] <= rounds - ahead]
     if len(steps) < 3:
         sys.exit(f"error: {rounds} rounds leave {len(steps)} steps before the budget shows "
