@@ -54,7 +54,7 @@ SETTINGS = {
     # SmolLM2 runs (0.17 at step 0, 0.41 after about 2,300 tokens).
     "smollm2": (["--model", "smollm2", "--task", "sums", "--num-generations", "4",
                  "--lr", "2.5e-4", "--seeds", "3", "--budget-tokens", "6000",
-                 "--early-tokens", "4000", "--early-evals", "4", "--evals", "2",
+                 "--early-tokens", "3000", "--early-evals", "3", "--evals", "3",
                  "--eval-prompts", "100", "--target", "0.45", "--target-rule", "first",
                  "--train-args", "--temperature 0.7"],
                 "--prompts-per-round 1 --no-skip-zero-advantage", 16),
