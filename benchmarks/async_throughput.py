@@ -19,7 +19,12 @@ shows: see run()), not from a clock of this script's:
                                the worker for an order (no room in the buffer) or for weights
   ideal_steps_per_s            one step per max(k * g, t), with g a round's generation, k the rounds
                                per step and t a step, as this async run measured them (one thread
-                               each): the perfect overlap; async_of_ideal = steps_per_s / it
+                               each): the perfect overlap; async_of_ideal = steps_per_s / it.
+                               Where generation bounds (k * g > t) it equals the generation
+                               seconds of the rounds received in the window over the window's
+                               seconds: above 1 when rounds made before the window arrive in it
+                               (the trainer keeps rounds on their way), by one round in as many as
+                               the window holds
 The goals of issue 51: at S = B async_of_ideal >= 0.95; at S = 0 trainer_idle <= 0.05. Run it with
 nothing else on the cores (the script prints the load it found and the CPU/wall of each run).
 The last line is one JSON object with every run and every ratio.
