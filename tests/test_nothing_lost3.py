@@ -131,7 +131,12 @@ def test_a_reward_that_forks_and_ctrl_c_to_the_process_group_saves_one_clean_che
 
 def test_a_forked_child_gets_the_signals_as_if_no_handler_were_installed():
     """SIGINT: KeyboardInterrupt in the child (not the stop's Interrupted, not a save); SIGTERM:
-    the child ends by it. The run's own process keeps its handler."""
+    the child ends by it. The run's own process keeps its handler. The handlers before it are set
+    here to Python's own: what "no handler" means, whatever an earlier test in this process left
+    (one CI run on a clean clone saw the child sleep through SIGINT, under pytest -n 2 only)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stop = stopping.StopRequest()
     try:
         outcomes = {}
@@ -153,6 +158,8 @@ def test_a_forked_child_gets_the_signals_as_if_no_handler_were_installed():
         assert signal.getsignal(signal.SIGINT) is stop and stop.signum is None
     finally:
         stop.restore()
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_a_forked_child_writes_nothing_into_the_run_folder(tmp_path):
