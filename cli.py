@@ -257,7 +257,7 @@ def config_problem(cfg) -> str | None:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
     for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_rounds", "max_gen_tokens",
                  "max_age", "micro_batch_size", "save_every", "eval_every_tokens", "reward_timeout",
-                 "new_per_update"):
+                 "new_per_update", "learning_starts"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -268,7 +268,8 @@ def config_problem(cfg) -> str | None:
     if problem := pretrained.gguf_problem(cfg.model):      # smollm2 or a .gguf file: no model loaded yet
         return problem
     W = distributed.world_size()
-    for name in ("prompts_per_round", "batch_size", "buffer_size", "new_per_update"):
+    for name in ("prompts_per_round", "batch_size", "buffer_size", "new_per_update",
+                 "learning_starts"):
         if getattr(cfg, name) % W:
             return (f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be a multiple of the "
                     f"number of processes ({W}): each generates, keeps and samples its share")
@@ -293,6 +294,9 @@ def config_problem(cfg) -> str | None:
     if cfg.new_per_update > cfg.buffer_size:
         return (f"--new-per-update {cfg.new_per_update}: must be <= --buffer-size {cfg.buffer_size} "
                 "(new rollouts would leave the buffer before any update)")
+    if cfg.learning_starts > cfg.buffer_size:
+        return (f"--learning-starts {cfg.learning_starts}: must be <= --buffer-size "
+                f"{cfg.buffer_size} (the buffer could never hold that many)")
     if cfg.buffer_size < cfg.rollouts_per_round and not cfg.new_per_update:
         return (f"--buffer-size {cfg.buffer_size}: must hold at least one round "
                 f"(prompts_per_round x num_generations = {cfg.rollouts_per_round}), or with "
@@ -334,6 +338,9 @@ def async_problem(cfg) -> str | None:
         given = [f for f in ("generator_devices", "lockstep") if getattr(cfg, f)]
         return (f"--{given[0].replace('_', '-')}: only with --generators 1 or more" if given
                 else None)
+    if cfg.learning_starts:
+        return ("--learning-starts with --generators: the synchronous loop's only (the trainer "
+                "steps once B are in)")
     if distributed.world_size() > 1:
         return ("--generators with torchrun: not supported; run one trainer process "
                 "(python train.py --generators W)")

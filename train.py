@@ -85,6 +85,9 @@ class Config:
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
         "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
+    learning_starts: int = opt(0, "the first update waits until the buffer holds this many "
+        "rollouts (DQN's learning_starts; in the synchronous loop); 0 = B. With --no-reuse and "
+        "S = B it keeps a backlog: each rollout used once, at an age of about N/B - 1 steps")
     # loss and optimizer
     loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
         "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
@@ -275,13 +278,14 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
     holds its share of B (with S: of S new ones; no more than those are stored)."""
     cfg, state = run.cfg, run.state
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
+    held = max(my_batch, distributed.share_size(cfg.learning_starts)) if not state.step else my_batch
     fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
-    room = max(my_new - fresh(), my_batch - len(run.buffer)) if cfg.new_per_update else None
+    room = max(my_new - fresh(), held - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
-    due = len(run.buffer) >= my_batch and fresh() >= my_new
+    due = len(run.buffer) >= held and fresh() >= my_new
     state.pending_updates = cfg.updates_per_round if distributed.every_rank(due) else 0
     state.round_end_due, state.round_batch_size = True, cfg.batch_size
     state.idle_rounds += not state.pending_updates

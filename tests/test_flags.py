@@ -77,6 +77,7 @@ reuse                  | --no-reuse                     | config   | config   | 
 keep_correct_frac      | --keep-correct-frac 0.25       | config   | config   | config  |
 skip_zero_advantage    | --skip-zero-advantage          | config   | config   | config  |
 new_per_update         | --new-per-update 128           | config   | config   | config  |
+learning_starts        | --learning-starts 128          | config   | config   | config  | synchronous loop
 loss                   | --loss ppo                     | config   | config   | config  |
 asymre_tau             | --asymre-tau 0.2               | config   | config   | config  | of the asymre loss
 is_cap                 | --is-cap 3                     | config   | config   | config  | (tis)

@@ -253,6 +253,27 @@ def test_new_per_update_gives_each_stored_rollout_y_uses(tmp_path, tiny_path, ca
     assert "K*B/S = 2.00 uses per stored rollout" in said and "this is experience replay" in said
 
 
+def test_learning_starts_keeps_a_backlog_each_rollout_used_once(tmp_path, tiny_path):
+    """--learning-starts N with --no-reuse and S = B (staleness without reuse): no step until the
+    buffer holds N = 4B; from then each step waits for B new ones and takes B of the N uniformly, so
+    every trained rollout is used once, and at a mean age of about N/B - 1 = 3 steps (uniform draws:
+    each left behind with chance 3/4 a step). Without the flag the same run is on-policy."""
+    base = ["--prompts-per-round", "2", "--num-generations", "4", "--no-skip-zero-advantage",
+            "--eval-prompts", "20", "--eval-every", "1000", "--no-plot", "--seed", "1", "--no-reuse",
+            "--batch-size", "8", "--new-per-update", "8", "--max-rounds", "40"]
+    out = train.main(base + ["--buffer-size", "32", "--learning-starts", "32",
+                             "--output-dir", str(tmp_path / "late")])
+    rows = rows_of(tmp_path / "late")
+    steps = [r for r in rows if "loss" in r]
+    assert steps[0]["round"] == 4 and steps[0]["buffer_fill"] == 32 - 8     # 4 rounds of 8, then B out
+    assert all(r["uses_mean"] == 1 for r in steps) and out["step"] == 40 - 4 + 1  # then a step a round
+    assert sum(out["left_by_uses"][2:]) == 0 and out["rollouts_trained"] == 8 * out["step"]
+    ages = [r["age_mean"] for r in steps[4:]]
+    assert 2 < sum(ages) / len(ages) < 4.5 and max(r["age_max"] for r in steps) > 5
+    plain = train.main(base + ["--buffer-size", "32", "--output-dir", str(tmp_path / "plain")])
+    assert plain["age_max"] == 0 and plain["step"] > out["step"]
+
+
 def test_the_smollm2_default_says_its_measured_reuse_differs_from_kbr(needs_smollm2):
     """--model smollm2 stores only informative groups: K*B/R counts the generated rollouts, and the
     start-up line says the stored ones are used more, measured in the summary (no model loaded)."""
