@@ -34,14 +34,14 @@ checkpoint.
 """
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import dataclasses
 import math
 import multiprocessing
 import os
 import queue
 import signal
-import sys
+import threading
 import time
 import types
 
@@ -51,6 +51,7 @@ import distributed
 import loading
 import report
 import rollout
+import stopping
 from buffer import Rollout
 
 
@@ -67,15 +68,16 @@ def train_async(run, sample_batch, update, evaluate, end_of_round) -> None:
             evaluate(run)                       # step 0, while the workers load their models
         while not finished(run, workers) and not run.stop.requested():
             workers.order(run)                  # rounds for the workers, while the buffer has room
-            if not state.round_end_due and (arrived := workers.take_round(wait=not step_due(run))):
+            if not state.round_end_due and (arrived := workers.take_round(
+                    wait=not step_due(run, workers))):
                 store(run, *arrived)            # all its rollouts into the buffer; steps now due
-            if step_due(run) and (sampled := take_batch(run, sample_batch)):
+            if step_due(run, workers) and (sampled := take_batch(run, sample_batch)):
                 workers.order(run)              # the room it freed: generated during the step
                 workers.account(state)          # the time split, into this step's metrics row
                 update(run, sampled)            # one optimizer step
                 if state.step % cfg.sync_every == 0:
                     workers.publish(run.model, state.step)
-            if state.round_end_due and not (state.pending_updates and step_due(run)):
+            if state.round_end_due and not (state.pending_updates and step_due(run, workers)):
                 workers.account(state)
                 end_of_round(run)               # its steps taken: eval, progress bar, checkpoint
 
@@ -129,10 +131,12 @@ def take_batch(run, sample_batch):
     return sample_batch(run)
 
 
-def step_due(run) -> bool:
+def step_due(run, workers) -> bool:
     """Whether the trainer steps now: B rollouts in the buffer and, with S or --lockstep, an
-    update due; with S = 0, always (the paper's sampler never waits for new rollouts)."""
-    if len(run.buffer) < run.cfg.batch_size:
+    update due; with S = 0, always (the paper's sampler never waits for new rollouts). Never
+    before a round has arrived from the workers: a resumed buffer is not stepped on while they
+    load their models (each rollout's uses stay within --max-uses in any case)."""
+    if len(run.buffer) < run.cfg.batch_size or not workers.delivered:
         return False
     return run.state.pending_updates > 0 or not (run.cfg.new_per_update or run.cfg.lockstep)
 
@@ -172,8 +176,13 @@ def room_for_a_round(run, outstanding: int) -> bool:
 
 # ---- the trainer's side of the processes ---------------------------------------------------------
 class WorkerFailed(SystemExit):
-    """A generation worker that raised, exited or was killed: the run ends with this one line,
-    after the trainer saved its checkpoint (stopping.StopRequest.keeping: every ending saves)."""
+    """A generation worker that raised, exited, was killed or gave no sign of life: the run ends
+    with this one line, after the trainer saved its checkpoint (stopping.StopRequest.keeping:
+    every ending saves), with exit code ``status`` (a reward's own sys.exit code, else 1)."""
+
+    def __init__(self, line: str, status: int = 1):
+        super().__init__(line)
+        self.status = status
 
 
 class Generators:
@@ -189,41 +198,75 @@ class Generators:
         self.outstanding = 0                    # rounds ordered, not yet arrived
         self.ahead = rounds_ahead(self.n_workers, self.cfg.batch_size, self.cfg.rollouts_per_round)
         self.seen = [[0.0] * 4 for _ in range(self.n_workers)]     # each worker's times so far
-        self.ready = 0                          # workers that have loaded their model
+        self.ready = set()                      # the workers that have loaded their model
         self.clock = None                       # when the last of them was ready
+        self.delivered = False                  # a round has arrived (in this process)
+        self.resumed_at = time.monotonic()      # the end of the last pause (evals): no beats then
         self.procs = []
 
     def __enter__(self):
         ctx = multiprocessing.get_context("spawn")      # a fresh interpreter: no handler, no lock
-        params = trainable(self.run.model)
-        self.weights = torch.zeros(sum(p.numel() for p in params)).share_memory_()
+        self.weights = shared_weights(trainable(self.run.model))
+        stopping.quiet_resource_tracker()       # before the launcher: it outlives a killed trainer
+        self.undo_launcher = stopping.dying_with_trainer(ctx)
         self.version = ctx.Value("q", -1)               # the published weights' policy_version
         self.trainer_step = ctx.Value("q", 0)
         self.lock = ctx.Lock()
         self.orders, self.results = ctx.Queue(), ctx.Queue()
+        self.beats = ctx.Array("d", [time.monotonic()] * self.n_workers)   # each one's last sign
+        self.paused_seconds = ctx.Value("d", 0.0)       # evals so far: off the workers' clocks
         devices = worker_devices(self.cfg)
         threads = threads_each(self.n_workers, devices[0])
         if not devices[0].startswith("cuda"):
             torch.set_num_threads(threads)              # the trainer's share of the cores
         # no run folder: a worker writes nothing there, and knows not where it is
         config = {**dataclasses.asdict(self.cfg), "progress": False, "resume": "", "output_dir": ""}
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)    # inherited: the workers ignore Ctrl-C
+        # Ctrl-C held back, not ignored: the trainer's arrives once they are started, and the
+        # workers, which inherit the mask, never see one (worker_main ignores it, then unblocks)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for i in range(self.n_workers):
                 p = ctx.Process(target=worker_main, name=f"generation worker {i}", daemon=True,
                                 args=(i, config, devices[i], threads, os.getpid(), self.orders,
                                       self.results, self.weights, self.version,
-                                      self.trainer_step, self.lock))
+                                      self.trainer_step, self.lock, self.beats,
+                                      self.paused_seconds))
                 p.start()
                 self.procs.append(p)
         finally:
-            signal.signal(signal.SIGINT, old)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        self.run.pause_workers = self.paused
         return self
 
     def __exit__(self, *exc):
+        self.run.pause_workers = contextlib.nullcontext
         self.account(self.run.state)
         self.stop()
         return False
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No worker generates while the trainer evaluates (off the wall clock): each that has
+        loaded its model (one still loading has no order to work on) is stopped (SIGSTOP) and
+        continued after, and the seconds it was stopped come off its own times, so no generation
+        goes unclocked."""
+        start = time.perf_counter()
+        loading = [p for i, p in enumerate(self.procs) if i not in self.ready]
+        stalled = [p for p in self.procs if stopping.stopped(p.pid)]     # by someone else: left so
+        self.signal_all(signal.SIGSTOP, but=loading)
+        try:
+            yield
+        finally:                                # counted before they go on, which read it
+            with self.paused_seconds.get_lock():
+                self.paused_seconds.value += time.perf_counter() - start
+            self.signal_all(signal.SIGCONT, but=loading + stalled)
+            self.resumed_at = time.monotonic()
+
+    def signal_all(self, signum, but=()) -> None:
+        for p in self.procs:
+            if p not in but:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
 
     def publish(self, model, step: int) -> None:
         """The adapter's weights (LoRA only), for the workers to load before their next round."""
@@ -245,7 +288,7 @@ class Generators:
         while (self.outstanding < self.ahead
                and not budget_spent_with(run, self.outstanding)
                and (room_for_a_round(run, self.outstanding)
-                    or (self.outstanding == 0 and not step_due(run)))):
+                    or (self.outstanding == 0 and not step_due(run, self)))):
             if cfg.lockstep and (self.outstanding or self.version.value < run.state.step
                                  or run.state.pending_updates):
                 return                          # the weights of every step before it, published
@@ -269,8 +312,8 @@ class Generators:
                 continue
             if message[0] != "ready":
                 break
-            self.ready += 1             # a worker loaded its model: the clock starts with the last
-            if self.ready == self.n_workers:
+            self.ready.add(message[1])  # a worker loaded its model: the clock starts with the last
+            if len(self.ready) == self.n_workers:
                 self.run.report.restart_clock(state)
                 self.clock = time.perf_counter()
         if wait and self.clock is not None:
@@ -278,8 +321,9 @@ class Generators:
         if message is None:
             return None
         if message[0] == "failed":
-            raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}")
+            raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}", message[3])
         _, i, packed, gen, times = message
+        self.delivered = True
         # a worker's times since it started: waiting for weights, for room; generating (wall,
         # CPU); the loop state keeps their sums over the workers
         new = [now - before for now, before in zip(times, self.seen[i])]
@@ -292,14 +336,22 @@ class Generators:
         return unpack(packed), gen
 
     def check_alive(self) -> None:
-        """WorkerFailed if a worker has ended: with the line it sent, else how it ended."""
+        """WorkerFailed if a worker has ended (with the line it sent, else how it ended) or has
+        given no sign of life for --worker-timeout seconds (stopped, or hung with the GIL held)."""
+        now, limit = time.monotonic(), self.cfg.worker_timeout
         for i, p in enumerate(self.procs):
+            silent = now - max(self.beats[i], self.resumed_at)
+            if p.exitcode is None and limit and silent > limit:
+                raise WorkerFailed(f"generation worker {i} (pid {p.pid}) gave no sign of life for "
+                                   f"{silent:.0f} s (--worker-timeout {limit:g}): stopped "
+                                   "(SIGSTOP, a debugger) or hung")
             if p.exitcode is None:
                 continue
             try:                                # a worker that failed sent why, then exited
                 while (message := self.results.get(timeout=1.0))[0] != "failed":
                     pass
-                raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}")
+                raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}",
+                                   message[3])
             except queue.Empty:
                 how = (f"killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
                        else f"exited with code {p.exitcode}")
@@ -325,7 +377,9 @@ class Generators:
             "trained_per_s": state.rollouts_trained / wall})
 
     def stop(self) -> None:
-        """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL."""
+        """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL; then what
+        they started (a reward's forked child: each worker leads a process group of its own)."""
+        self.signal_all(signal.SIGCONT)         # a stopped worker cannot act on what follows
         for _ in self.procs:
             try:
                 self.orders.put_nowait(None)
@@ -341,9 +395,25 @@ class Generators:
             if p.is_alive():
                 p.kill()
                 p.join()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
         for q in (self.orders, self.results):
             q.cancel_join_thread()
             q.close()
+        self.undo_launcher()
+
+
+def shared_weights(params: list[torch.Tensor]) -> torch.Tensor:
+    """A flat tensor in shared memory for the adapter's weights, which the workers read. Shared
+    memory is a file (/dev/shm): a file-size limit below it (ulimit -f) is named as the cause."""
+    size = sum(p.numel() for p in params)
+    try:
+        return torch.zeros(size).share_memory_()
+    except RuntimeError as e:
+        raise SystemExit(f"error: sharing the adapter's weights with the workers ({4 * size:,} "
+                         f"bytes in shared memory, a file) failed: {e}; a file-size limit "
+                         f"(ulimit -f) below that stops it: raise the limit, or run without "
+                         "--generators") from None
 
 
 def budget_spent_with(run, outstanding: int) -> bool:
@@ -392,32 +462,37 @@ class WorkerLink:
     """A worker's ends of the queues and of the shared weights, and its waiting times."""
 
     def __init__(self, index, orders, results, weights, version, trainer_step, lock, parent,
-                 cfg, fast=None):
+                 cfg, fast=None, paused=None):
         self.index, self.orders, self.results = index, orders, results
         self.weights, self.version, self.trainer_step, self.lock = (weights, version, trainer_step,
                                                                     lock)
         self.parent, self.cfg, self.fast = parent, cfg, fast
+        self.paused = paused                    # seconds the trainer has held the workers stopped
         self.loaded = -1                        # the policy_version of the weights in the model
         self.times = [0.0] * 4      # seconds waiting for weights, for room; generating: wall, CPU
         self.reward_errors = 0
         self.started = self.started_cpu = 0.0
 
+    def clock(self) -> float:
+        """A clock that stands still while the trainer holds the workers stopped (its evals)."""
+        return time.perf_counter() - (self.paused.value if self.paused is not None else 0.0)
+
     def next_order(self):
         """The next order's prompts (waiting for one: the buffer has no room), or None: stop."""
-        start = time.perf_counter()
+        start = self.clock()
         while True:
             try:
                 prompts = self.orders.get(timeout=0.5)
                 break
             except queue.Empty:
                 self.check_parent()
-        self.times[1] += time.perf_counter() - start
+        self.times[1] += self.clock() - start
         return prompts
 
     def load_weights(self, model) -> int:
         """The newest published weights into the model; their version. More than --max-lag steps
         behind the trainer, it waits for newer ones first."""
-        start = time.perf_counter()
+        start = self.clock()
         lag = self.cfg.max_lag
         while (self.version.value < 0
                or (lag and self.trainer_step.value - self.version.value > lag)):
@@ -430,12 +505,12 @@ class WorkerLink:
                     p.data.copy_(self.weights[offset:offset + p.numel()].view_as(p))
                     offset += p.numel()
                 self.loaded = self.version.value
-        self.times[0] += time.perf_counter() - start
-        self.started, self.started_cpu = time.perf_counter(), time.process_time()
+        self.times[0] += self.clock() - start
+        self.started, self.started_cpu = self.clock(), time.process_time()
         return self.loaded
 
     def push(self, rollouts: list[Rollout], gen: dict) -> None:
-        self.times[2] += time.perf_counter() - self.started
+        self.times[2] += self.clock() - self.started
         self.times[3] += time.process_time() - self.started_cpu
         errors, self.reward_errors = self.reward_errors, 0
         figures = {k: v for k, v in gen.items() if k != "completions"}
@@ -448,13 +523,16 @@ class WorkerLink:
 
 
 def worker_main(index, config, device, threads, parent, orders, results, weights, version,
-                trainer_step, lock) -> None:
+                trainer_step, lock, beats, paused) -> None:
     """A worker process: quiet, its own threads, its own policy; then worker_loop. Any failure is
     sent to the trainer as one line (the worker writes nothing else anywhere)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # the trainer stops the run, and it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})     # held back while starting
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    die_with_parent()
+    stopping.die_with_parent()
+    os.setpgid(0, 0)            # a group of its own: the trainer ends what a reward forks, too
+    threading.Thread(target=heartbeat, args=(beats, index), daemon=True).start()
     torch.set_num_threads(threads)
     try:
         report.quiet_libraries()
@@ -469,23 +547,33 @@ def worker_main(index, config, device, threads, parent, orders, results, weights
         fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
             else None
         link = WorkerLink(index, orders, results, weights, version, trainer_step, lock, parent,
-                          cfg, fast)
+                          cfg, fast, paused)
         results.put(("ready", index))
         reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
         counted = CountingReward(reward, link)
         worker_loop(model, tokenizer, counted, cfg, link)
     except BaseException as e:                  # SystemExit too: a one-line exit of loading.py
         said = getattr(e, "code", None) if isinstance(e, SystemExit) else (
-            str(e) if isinstance(e, loading.RewardError) else None)     # already one line
+            str(e) if isinstance(e, (loading.RewardError, RewardExit)) else None)   # one line
         words = (str(said) if said is not None else f"{type(e).__name__}: {e}").strip().splitlines()
         line = words[0] if words else type(e).__name__
         try:
-            results.put(("failed", index, line.removeprefix("error: ")))
+            results.put(("failed", index, line.removeprefix("error: "),
+                         e.status if isinstance(e, RewardExit) else 1))
             results.close()
             results.join_thread()
         finally:
             os._exit(1)
     os._exit(0)
+
+
+class RewardExit(Exception):
+    """A reward that called sys.exit in a worker: the line names it and the prompt, and the run
+    exits with its code, as the synchronous loop would."""
+
+    def __init__(self, prompt: str, code):
+        super().__init__(f"the reward function called sys.exit({code!r}) on prompt {prompt!r}")
+        self.status = code if isinstance(code, int) and code else 1
 
 
 class CountingReward:
@@ -496,17 +584,17 @@ class CountingReward:
 
     def __call__(self, prompt: str, completion: str) -> float:
         before = self.reward.errors
-        value = self.reward(prompt, completion)
+        try:
+            value = self.reward(prompt, completion)
+        except SystemExit as e:
+            raise RewardExit(prompt, e.code) from None
         self.link.reward_errors += self.reward.errors - before
         return value
 
 
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the trainer dies, however it dies (kill -9 too), so
-    no worker outlives its run. Elsewhere the worker checks its parent while it waits."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)       # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+def heartbeat(beats, index: int) -> None:
+    """A worker's sign of life, every half second, from a thread of its own: it stops only when
+    the whole process does (SIGSTOP, a debugger) or its main thread holds the GIL throughout."""
+    while True:
+        beats[index] = time.monotonic()
+        time.sleep(0.5)

@@ -14,6 +14,8 @@ and ``sample`` do not know the current version).
 
 Variants (off by default; the method is the plain FIFO above), from the paper's discussion:
   max_age                         the staleness cap above;
+  sample(B, max_uses=U)           a cap on reuse: a rollout used U times leaves (U = 1: each
+                                  used once), however many batches are drawn from what is held;
   keep_correct_frac = delta > 0   positive-bias retention (delta: the part of the N slots kept
                                   for older correct rollouts): when full, keep the freshest
                                   (1 - delta) * N rollouts (at least the whole newest batch, so
@@ -170,9 +172,14 @@ class ReplayBuffer:
                 self.left_by_uses += [0] * (rollout.uses + 1 - len(self.left_by_uses))
             self.left_by_uses[rollout.uses] += 1
 
-    def sample(self, batch_size: int, remove: bool = False) -> list[Rollout]:
+    def sample(self, batch_size: int, remove: bool = False,
+               max_uses: int | None = None) -> list[Rollout]:
         """B distinct rollouts, uniformly at random; their use counts go up. They stay in the
-        buffer for later batches (replay), unless ``remove``: then each rollout is used once."""
+        buffer for later batches (replay), unless ``remove``: then each rollout is used once.
+        A variant: ``max_uses`` U, a rollout used U times leaves (remove is U = 1), so no rollout
+        is trained on more than U times however many batches are drawn."""
+        if max_uses is not None and max_uses < 1:
+            raise ValueError(f"max_uses {max_uses}: None is no cap; below 1 nothing could be used")
         if batch_size > len(self.items):
             raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of "
                              f"{len(self.items)}")
@@ -180,10 +187,11 @@ class ReplayBuffer:
         sampled = [self.items[i] for i in idx]
         for rollout in sampled:
             rollout.uses += 1
-        if remove:
-            taken = set(idx)
-            self.items = [rollout for i, rollout in enumerate(self.items) if i not in taken]
-            self.count_leaving(sampled)
+        cap = 1 if remove else max_uses
+        if cap is not None:
+            done = {i for i in idx if self.items[i].uses >= cap}
+            self.count_leaving([self.items[i] for i in sorted(done)])
+            self.items = [rollout for i, rollout in enumerate(self.items) if i not in done]
         return sampled
 
     # ---- checkpointing: a flat dict of tensors (safetensors-compatible) -------------------

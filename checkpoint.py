@@ -68,6 +68,7 @@ class LoopState:
     world_size: int = 1             # processes, each with its own buffer shard
     # --generators W (async_rl.py): the trainer's own clock and what the processes waited for
     new_since_step: int = 0         # rollouts stored since the last step (S counts them)
+    retired_at_cap: int = 0         # rollouts that left the buffer at --max-uses (async)
     wall_seconds: float = 0.0       # the loop's wall time, evals excluded (report.Report.tick)
     trainer_wait_seconds: float = 0.0           # the trainer waiting for rollouts
     worker_weights_wait_seconds: float = 0.0    # the workers waiting for newer weights (summed)
@@ -532,6 +533,18 @@ def remove_round(run_dir: str, round: int) -> None:
     """A round's checkpoint folder, and what a killed save of it left."""
     for name in (f"checkpoint-{round}", f".tmp-checkpoint-{round}", f".old-checkpoint-{round}"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+
+
+def check_file_size_limit(model) -> None:
+    """Before the first round: the largest file a checkpoint writes, Adam's two moments of the
+    trainable weights (8 bytes a weight), must fit under this process's file-size limit
+    (ulimit -f), or every save of the run would fail, the first of them at its end."""
+    need = 8 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    limit = runfolder.file_size_limit()
+    if limit is not None and limit < need:
+        raise SystemExit(f"error: {runfolder.FILE_SIZE_LIMIT}: this process may write no file "
+                         f"over {limit} bytes, and a checkpoint's optimizer state takes {need:,}:"
+                         " raise it (ulimit -f) and run again (nothing was trained)")
 
 
 def save_adapter(model, folder: str) -> None:

@@ -257,7 +257,7 @@ def config_problem(cfg) -> str | None:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be > 0"
     for name in ("warm_start_steps", "warm_start_seed", "max_new_tokens", "max_rounds", "max_gen_tokens",
                  "max_age", "micro_batch_size", "save_every", "eval_every_tokens", "reward_timeout",
-                 "new_per_update", "learning_starts"):
+                 "new_per_update", "learning_starts", "max_uses", "worker_timeout"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
@@ -341,6 +341,8 @@ def async_problem(cfg) -> str | None:
     if cfg.learning_starts:
         return ("--learning-starts with --generators: the synchronous loop's only (the trainer "
                 "steps once B are in)")
+    if problem := devices_problem(cfg):
+        return problem
     if distributed.world_size() > 1:
         return ("--generators with torchrun: not supported; run one trainer process "
                 "(python train.py --generators W)")
@@ -359,6 +361,34 @@ def async_problem(cfg) -> str | None:
         return (f"--max-lag {cfg.max_lag} with --sync-every {cfg.sync_every} and --new-per-update: "
                 "a worker would wait for weights the trainer publishes only after steps that wait "
                 f"for that worker's rollouts; use --max-lag 0 or >= {cfg.sync_every - 1}")
+    return None
+
+
+def devices_problem(cfg) -> str | None:
+    """--generators and --generator-devices against this machine, before anything loads: each
+    device one that exists; at most one worker per core on the CPU (each needs a core, and each
+    holds its own copy of the model)."""
+    import torch
+
+    names = [d.strip() for d in cfg.generator_devices.split(",")] if cfg.generator_devices else []
+    for name in names:
+        kind, _, index = name.partition(":")
+        bad_index = index and (kind != "cuda" or not index.isdigit())
+        if kind not in ("cpu", "cuda", "mps") or bad_index:
+            return (f"--generator-devices {cfg.generator_devices}: {name!r} is not a device "
+                    "(cpu, cuda, cuda:N or mps, comma-separated)")
+        if kind == "cuda" and int(index or 0) >= torch.cuda.device_count():
+            return (f"--generator-devices {cfg.generator_devices}: {name} is not here "
+                    f"({torch.cuda.device_count()} CUDA device(s))")
+        if kind == "mps" and not torch.backends.mps.is_available():
+            return f"--generator-devices {cfg.generator_devices}: mps is not available here"
+    on_cpu = sum(1 for i in range(cfg.generators)
+                 if (names[i % len(names)] if names else distributed.pick_device(cfg.device))
+                 == "cpu")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if on_cpu > (cores or 1):
+        return (f"--generators {cfg.generators}: {on_cpu} workers on the CPU, more than its "
+                f"{cores} cores (each worker needs one, and holds a copy of the model)")
     return None
 
 

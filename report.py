@@ -24,7 +24,7 @@ from curves import plot_run
 COUNTERS = ("step", "round", "gen_tokens", "gen_seconds", "train_seconds", "gen_cpu_seconds",
             "train_cpu_seconds", "eval_seconds", "wall_seconds", "skipped_steps",
             "reward_errors", "idle_rounds", "lapsed_updates", "rollouts_generated", "rollouts_stored",
-            "rollouts_trained")
+            "rollouts_trained", "retired_at_cap")
 
 
 class Report:
@@ -377,9 +377,12 @@ def async_line(cfg) -> str:
              "never waits for new rollouts (S = 0): the replay ratio is set by the two rates, "
              "measured in the summary")
     lag = f"; a worker more than {cfg.max_lag} steps behind waits" if cfg.max_lag else ""
+    cap = (f"; a rollout leaves the buffer after {cfg.max_uses} uses (--max-uses)" if cfg.max_uses
+           else "; no cap on a rollout's uses (--max-uses 0)")
     return (f"async: {n} generation worker process{'es' if n > 1 else ''} sampling rounds while "
             f"the trainer {waits}; weights published every {cfg.sync_every} step(s){lag}; a worker "
-            "waits while the buffer has no room for its round unused")
+            f"waits while the buffer has no room for its round unused{cap}; the workers are held "
+            "while the trainer evaluates")
 
 
 def async_lines(state, n_workers: int) -> list[str]:
@@ -392,7 +395,8 @@ def async_lines(state, n_workers: int) -> list[str]:
             f"{100 * state.worker_room_wait_seconds / n_workers / wall:.0f}% for room; per second "
             f"{state.rollouts_generated / wall:.1f} rollouts generated, "
             f"{state.rollouts_stored / wall:.1f} stored, {state.rollouts_trained / wall:.1f} "
-            "trained on"]
+            "trained on"] + ([f"--max-uses: {state.retired_at_cap:,} rollouts left the buffer at "
+                              "the cap"] if state.retired_at_cap else [])
 
 
 def resumed(cfg, state, saved_config: dict) -> None:

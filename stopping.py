@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import os
 import random
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 
@@ -101,9 +104,40 @@ def ending_in_words(e: BaseException) -> str:
 def exit_code(e: BaseException) -> int:
     """The exit code of a run that ``e`` ended: a SystemExit's own (1 for 0, None or a message:
     the run did not finish), 130 for a KeyboardInterrupt, else 1."""
-    if isinstance(e, SystemExit):
-        return e.code if isinstance(e.code, int) and e.code else 1
+    if isinstance(e, SystemExit):      # status: the code of a line that ends a run (a worker's)
+        code = getattr(e, "status", e.code)
+        return code if isinstance(code, int) and code else 1
     return 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+
+
+def main(config_class, train, argv, doc: str) -> dict:
+    """python train.py's frame around the loop: the flags (cli.parse), the task, then
+    train(cfg, task, stop, saved); out of memory, a full disk and a damaged checkpoint as one line;
+    from the first moment a first Ctrl-C keeps the run, a second exits at once."""
+    import cli
+    import loading
+    import report
+
+    stop = StopRequest()                # from here on, a first Ctrl-C keeps the run
+    try:
+        cfg, saved = cli.parse(config_class, argv, doc)
+        report.quiet_libraries()
+        task = loading.load_task(cfg)
+        if not cfg.max_rounds:
+            cfg = dataclasses.replace(cfg, max_rounds=task.max_rounds)
+        return train(cfg, task, stop, saved)
+    except torch.OutOfMemoryError:
+        sys.exit(f"error: {cli.OOM_HELP}")
+    except runfolder.DiskFull as e:
+        sys.exit(f"error: {disk_full_message(e)}")
+    except checkpoint.Damaged as e:     # seen once the model loaded: token ids past its vocabulary
+        distributed.exit_all(f"error: --resume: damaged checkpoint, {e}", 2)
+    except KeyboardInterrupt as e:      # a second signal
+        stop.interrupted_again(e)
+    finally:
+        stop.restore()
+        runfolder.unlock_runs()
+        report.flush_stdout()           # `train.py | head`: no BrokenPipeError at exit
 
 
 class StopRequest:
@@ -408,3 +442,76 @@ class StopRequest:
             return
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+# ---- processes that end with the run (async_rl.py's workers) -------------------------------------
+def dying_with_trainer(ctx):
+    """Linux: the workers' interpreter started through a launcher that asks for SIGKILL when the
+    trainer dies (PR_SET_PDEATHSIG, kept across exec) before Python imports anything, so a worker
+    still importing torch dies with the trainer too (worker_main asks again, for other systems'
+    sake checks its parent while it waits). Returns what undoes it once the workers are gone
+    (spawn's interpreter is a setting of the whole process)."""
+    import multiprocessing.spawn
+
+    folder = tempfile.mkdtemp(prefix="replay-rl-") if sys.platform.startswith("linux") else ""
+    if not folder or os.statvfs(folder).f_flag & os.ST_NOEXEC:   # worker_main asks itself
+        if folder:
+            os.rmdir(folder)
+        return lambda: None
+    path, executable = os.path.join(folder, "worker-python"), multiprocessing.spawn.get_executable()
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable} -S\n" + LAUNCHER)
+    os.chmod(path, 0o700)
+    os.environ["REPLAY_RL_TRAINER_PID"] = str(os.getpid())
+    ctx.set_executable(path)
+
+    def undo():
+        multiprocessing.spawn.set_executable(os.fsdecode(executable))
+        shutil.rmtree(folder, ignore_errors=True)
+    return undo
+
+
+LAUNCHER = """import ctypes, os, sys
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)    # PR_SET_PDEATHSIG, SIGKILL
+except OSError:
+    pass
+if os.getppid() != int(os.environ["REPLAY_RL_TRAINER_PID"]):  # the trainer died before it
+    os._exit(1)
+os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+"""
+
+
+def quiet_resource_tracker() -> None:
+    """multiprocessing's resource tracker started with no stderr: when the trainer is killed
+    (kill -9) it frees the queues' semaphores, and its 'leaked semaphore' warning would reach the
+    terminal after the run has ended."""
+    from multiprocessing import resource_tracker
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, a debugger): Linux's /proc; elsewhere, not known."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the trainer dies, however it dies (kill -9 too), so
+    no worker outlives its run. Elsewhere the worker checks its parent while it waits."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)       # PR_SET_PDEATHSIG
+        except OSError:
+            pass

@@ -17,7 +17,7 @@ import os
 import random
 import signal
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 if __name__ == "__main__":      # Ctrl-C while the libraries load: one line (then main()'s handler)
     signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted while starting: nothing saved"))
@@ -85,9 +85,8 @@ class Config:
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
         "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
-    learning_starts: int = opt(0, "the first update waits until the buffer holds this many "
-        "rollouts (DQN's learning_starts; in the synchronous loop); 0 = B. With --no-reuse and "
-        "S = B it keeps a backlog: each rollout used once, at an age of about N/B - 1 steps")
+    learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
+        "the synchronous loop); 0 = B. With --no-reuse, S = B: one use each, at ages ~N/B - 1")
     # loss and optimizer
     loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
         "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
@@ -139,6 +138,10 @@ class Config:
         "weights before it generates; 0 = no bound")
     lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
         "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
+    max_uses: int = opt(4, "with --generators: a rollout used this many times leaves the buffer "
+        "(no pause of generation turns into unbounded reuse); 0 = no cap, as the paper")
+    worker_timeout: float = opt(60.0, "with --generators: a worker with no sign of life for this "
+        "many seconds (stopped, hung) ends the run, saved; 0 = never")
     # checkpoints and failures
     save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
         "interruption")
@@ -171,6 +174,7 @@ class Run:
     report: report.Report | None = None
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
     stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts a generation short
+    pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
 
 
 def parse_config(argv=None) -> Config:
@@ -179,28 +183,9 @@ def parse_config(argv=None) -> Config:
 
 
 def main(argv=None) -> dict:
-    """python train.py [flags]: the config, the task, then the loop (Ctrl-C: save, then exit;
-    Ctrl-C twice: exit at once, naming how the run goes on)."""
-    stop = stopping.StopRequest()       # from here on, a first Ctrl-C keeps the run
-    try:
-        cfg, saved = cli.parse(Config, argv, __doc__)
-        report.quiet_libraries()
-        task = loading.load_task(cfg)
-        if not cfg.max_rounds:
-            cfg = replace(cfg, max_rounds=task.max_rounds)
-        return train(cfg, task, stop, saved)
-    except torch.OutOfMemoryError:
-        sys.exit(f"error: {cli.OOM_HELP}")
-    except runfolder.DiskFull as e:
-        sys.exit(f"error: {stopping.disk_full_message(e)}")
-    except checkpoint.Damaged as e:     # seen once the model loaded: token ids past its vocabulary
-        distributed.exit_all(f"error: --resume: damaged checkpoint, {e}", 2)
-    except KeyboardInterrupt as e:      # a second signal
-        stop.interrupted_again(e)
-    finally:
-        stop.restore()
-        runfolder.unlock_runs()
-        report.flush_stdout()           # `train.py | head`: no BrokenPipeError at exit
+    """python train.py [flags]: the config, the task, then the loop; every way out one line
+    (stopping.main: Ctrl-C saves, then exits; twice: exits at once, naming how the run goes on)."""
+    return stopping.main(Config, train, argv, __doc__)
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -278,7 +263,7 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
     holds its share of B (with S: of S new ones; no more than those are stored)."""
     cfg, state = run.cfg, run.state
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
-    held = max(my_batch, distributed.share_size(cfg.learning_starts)) if not state.step else my_batch
+    held = max(my_batch, 0 if state.step else distributed.share_size(cfg.learning_starts))
     fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
     room = max(my_new - fresh(), held - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
@@ -305,7 +290,10 @@ def sample_batch(run: Run) -> list | None:
         state.lapsed_updates += state.pending_updates
         state.pending_updates = 0
         return None
-    return run.buffer.sample(my_batch, remove=not cfg.reuse)
+    cap, held = cfg.generators and cfg.reuse and cfg.max_uses, len(run.buffer)   # async: a cap
+    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None)
+    state.retired_at_cap += held - len(run.buffer) if cap else 0
+    return sampled
 
 
 def update(run: Run, sampled: list | None) -> None:
@@ -342,15 +330,16 @@ def evaluate(run: Run) -> float:
     errors_before = run.reward_fn.errors
     fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
     limit = run.cfg.max_new_tokens or task.max_new_tokens
-    # cut short: nothing of it kept (its time neither), a resume evaluates again
-    with run.stop.abortable(), report.timed(state, "eval"):
-        means = (rollout.greedy_rewards(run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
-                 if mine else dict.fromkeys(fns, 0.0))
-    run.model.train()
-    scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
-    run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
-    with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
-        run.report.curves()
+    with run.pause_workers():           # async: nothing generated while the clock stands
+        # cut short: nothing of it kept (its time neither), a resume evaluates again
+        with run.stop.abortable(), report.timed(state, "eval"):
+            means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
+                run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
+        run.model.train()
+        scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
+        run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
+        with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
+            run.report.curves()
     return state.last_accuracy
 
 
@@ -406,6 +395,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     device, rank, world = distributed.init(cfg.device)
     out = runfolder.claim_run_folder(cfg.output_dir)     # runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
+    checkpoint.check_file_size_limit(model)             # or no save of the run could succeed
     report.save_config(out, {**asdict(cfg), "world_size": world})     # once the model loaded
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does

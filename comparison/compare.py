@@ -125,8 +125,8 @@ from readout import decide_points, plot, print_answer, print_table  # noqa: E402
 from records import (ARMS, FILTERED_ARMS, FIXED_Y, NOT_PASSED, OPTIONAL_ARMS,  # noqa: E402
                      arm_flags_of, build_tiny_model, discards_possible, load_record, own_flags,
                      plain_flags, read_record, record_argv, record_path, run_record, run_train,
-                     save_record, save_rows, starting_model, token_grid, train_flags,
-                     warm_start_seed)
+                     save_record, save_rows, starting_model, threads_env, token_grid,
+                     train_flags, warm_start_seed)
 from stats import (CompareError, bootstrap, choose_lr, figures, final_accuracy,  # noqa: E402
                    finite, load_cost, sweep_target, unit_costs)
 from summaries import summarize  # noqa: E402
@@ -146,11 +146,17 @@ def build_parser() -> cli.OneLineParser:
     p.add_argument("--budget-tokens", type=int, help="generated completion tokens per run (default 450,000)")
     p.add_argument("--seeds", type=int, help="replicates per arm (default 5; intervals need 5 or more); "
                                              "replicate i starts from warm-start seed i with RL seed i")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="replicate i is seed first-seed + i (seeds not used to choose any setting)")
     p.add_argument("--one-model", action="store_true",
                    help="tiny model only: every replicate starts from the default model (warm-start seed 0); only "
                         "the RL seed varies (not with --sweep-lr: its replicates would start from the reported "
                         "runs' model)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side, one torch thread each")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of each synchronous run (an async run's processes share the "
+                        "machine's cores): in a wall-clock comparison, as many as an async arm's "
+                        "processes, so that every arm has the same cores")
     p.add_argument("--batch-size", type=int, default=256, help="B, rollouts per update of the on-policy and replay arms")
     p.add_argument("--replay-ratio", type=int, default=2, help="y: uses of each rollout in the replay arms (>= 2)")
     p.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
@@ -277,8 +283,10 @@ def parse(argv=None) -> argparse.Namespace:
                     f"= {y * args.num_generations}")
     if not 0 < args.target_frac <= 1:
         p.error(f"--target-frac {args.target_frac}: must be in (0, 1]")
-    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1:
-        p.error("--evals must be >= 3, --seeds, --sweep-seeds and --jobs >= 1")
+    if args.first_seed < 0 or args.first_seed and args.sweep_lr:
+        p.error("--first-seed must be >= 0, and not with --sweep-lr (its replicates are 1000, ...)")
+    if args.evals < 3 or args.seeds < 1 or args.jobs < 1 or args.sweep_seeds < 1 or args.threads < 1:
+        p.error("--evals must be >= 3, --seeds, --sweep-seeds, --jobs and --threads >= 1")
     if args.early_tokens and not (0 < args.early_tokens < args.budget_tokens and args.early_evals >= 1):
         p.error(f"--early-tokens {args.early_tokens}: must be in (0, --budget-tokens {args.budget_tokens}), "
                 f"with --early-evals >= 1")
@@ -342,7 +350,9 @@ def compare(args) -> dict:
 
     sweep_seeds = list(range(1000, 1000 + args.sweep_seeds)) if args.sweep_lr else []
     steps = train_flags(args.train_args).get("warm_start_steps", 0)
-    built, locks = set(), {warm_start_seed(args, s): threading.Lock() for s in [*range(args.seeds), *sweep_seeds]}
+    first, threads = getattr(args, "first_seed", 0), getattr(args, "threads", 1)   # old summaries' args
+    seeds = range(first, first + args.seeds)
+    built, locks = set(), {warm_start_seed(args, s): threading.Lock() for s in [*seeds, *sweep_seeds]}
     models = {ws: starting_model(args.model, args.task, ws, steps) for ws in locks}     # what each record names
 
     def need_model(seed: int) -> None:
@@ -363,11 +373,12 @@ def compare(args) -> dict:
         argv = plain + own_flags(args, arm, seed, lr, out) + args.train_args
         model = models[warm_start_seed(args, seed)]
         path = args.records and record_path(args.records, name, argv, model)
-        record = load_record(path, argv, model) if path else None
+        record = load_record(path, argv, model, threads) if path else None
         if record is None:
             need_model(seed)
-            run_train(argv, out)
-            record = {"argv": record_argv(argv), "model": model, **run_record(out)}
+            run_train(argv, out, threads_env(threads))
+            record = {"argv": record_argv(argv), "model": model, "threads": threads,
+                      **run_record(out)}
             if path:
                 save_rows(path, out)            # every row, so that its rounds can be counted again
                 save_record(path, record)
@@ -399,7 +410,7 @@ def compare(args) -> dict:
                       + ("" if sweep[arm]["rules_agree"] else
                          f" (the area under the curve would choose {sweep[arm]['area_choice']:g})")
                       + (" (ON THE EDGE of the grid: widen it)" if sweep[arm]["on_grid_edge"] else ""), flush=True)
-        jobs = {(arm, seed): pool.submit(run, arm, seed, lrs[arm]) for seed in range(args.seeds) for arm in args.arms}
+        jobs = {(arm, seed): pool.submit(run, arm, seed, lrs[arm]) for seed in seeds for arm in args.arms}
         results = {arm: [] for arm in args.arms}
         for (arm, seed), job in jobs.items():
             results[arm].append(job.result())

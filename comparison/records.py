@@ -359,14 +359,15 @@ def record_path(records: str, name: str, argv: list[str], model: str) -> str:
     return os.path.join(records, f"{name}-{key}.json")
 
 
-def load_record(path: str, argv: list[str], model: str) -> dict | None:
-    """The record at path if it is of a run with these flags from this starting model (else None:
-    the run is due)."""
+def load_record(path: str, argv: list[str], model: str, threads: int = 1) -> dict | None:
+    """The record at path if it is of a run with these flags from this starting model, on as many
+    torch threads (a record without the count ran on one), else None: the run is due."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         record = json.load(f)
-    return record if record.get("argv") == record_argv(argv) and record.get("model") == model else None
+    same = record.get("argv") == record_argv(argv) and record.get("model") == model
+    return record if same and record.get("threads", 1) == threads else None
 
 
 def save_record(path: str, record: dict) -> None:

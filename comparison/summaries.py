@@ -60,6 +60,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     else:
         model = 'tiny, warm-start seed 0' if args.model == 'tiny' else args.model
         replicates = f"one model ({model}), RL seed i"
+    if getattr(args, "first_seed", 0):
+        replicates += f" (i from {args.first_seed})"
     summary = {"task": args.task, "model": args.model, "train_args": args.train_args,
                "target_accuracy": target, "target_accuracy_ci": ci["target"],
                "target_frac": args.target_frac,
@@ -69,7 +71,7 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
                "lr": lrs,
                "lr_chosen_by": "sweep" if args.sweep_lr else "given",
                "seconds_measured": f"generation + training (evals excluded), {args.jobs} run(s) "
-                                   "side by side, one torch thread each",
+                                   "side by side, " + threads_in_words(getattr(args, "threads", 1)),
                "reach_rule": "first eval from which the median of each eval and its two neighbours "
                              "stays >= target; the crossing interpolated linearly between the eval "
                              "before and that one (tokens, seconds, rounds and steps alike)",
@@ -186,3 +188,8 @@ def summarize(results: dict[str, list[dict]], args, grid: list[float], lrs: dict
     for key in ("token_ratio", "time_ratio", "projected_time_ratio"):
         summary[key] = summary["arms"][best][key] if best else None
     return summary
+
+
+def threads_in_words(threads: int) -> str:
+    """How many torch threads each synchronous run had (an async run's processes: their share)."""
+    return "one torch thread each" if threads == 1 else f"{threads} torch threads each"

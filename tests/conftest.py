@@ -104,12 +104,13 @@ def compare_runs(monkeypatch):
     import compare
     import train
 
-    seen = types.SimpleNamespace(runs=[], builds=[])
+    seen = types.SimpleNamespace(runs=[], builds=[], envs=[])
     monkeypatch.setattr(compare, "build_tiny_model",
                         lambda task, seed, steps=0: seen.builds.append((task, seed, steps)))
-    def run_train(argv, out):
+    def run_train(argv, out, env=None):
         shutil.rmtree(out, ignore_errors=True)          # as records.run_train: a run not done runs afresh
         seen.runs.append((out, train.parse_config(argv)))
+        seen.envs.append(env)
         fake_train(argv, out)
 
     monkeypatch.setattr(compare, "run_train", run_train)

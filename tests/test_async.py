@@ -79,7 +79,7 @@ def test_async_on_policy_uses_each_rollout_once_and_replay_throws_nothing_away(t
     assert state["age_max"] <= 1            # generated while the trainer took one step at most
 
     train.main(SMALL + ["--max-rounds", "6", "--output-dir", replay, "--generators", "1",
-                        "--buffer-size", "32"])
+                        "--buffer-size", "32", "--max-uses", "0"])     # uncapped: none retire
     state = final_state(replay)
     assert state["rollouts_generated"] == state["rollouts_stored"] == 6 * 16
     assert state["left_by_uses"][0] == 0 and sum(state["left_by_uses"]) == 6 * 16 - 32
@@ -109,7 +109,10 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     async_rl.store(run, [one() for _ in range(16)], gen)
     assert state.pending_updates == 2 and state.new_since_step == 0 and state.round == 1
     assert written[-1]["updates"] == 0 and written[-1]["buffer_fill"] == 16    # the round's row
-    assert async_rl.step_due(run)
+    workers = SimpleNamespace(delivered=False)
+    assert not async_rl.step_due(run, workers)                  # no round in yet (a resume)
+    workers.delivered = True
+    assert async_rl.step_due(run, workers)
     assert async_rl.room_for_a_round(run, outstanding=0)         # 16 + 16 fit
     assert not async_rl.room_for_a_round(run, outstanding=1)     # would evict 16 unused
     run.buffer.items[0].uses = 1
@@ -120,7 +123,7 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     assert async_rl.room_for_a_round(run, outstanding=1)
     cfg.new_per_update = 0                                       # S = 0: always due with B in
     state.pending_updates = 0
-    assert async_rl.step_due(run)
+    assert async_rl.step_due(run, workers)
 
 
 def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_worker():
@@ -184,15 +187,30 @@ def start(run, *flags):
                             start_new_session=True)
 
 
-def group_gone(pgid, within=10.0):
-    """Whether every process of the group has ended (within a few seconds)."""
+def session(sid: int) -> list[int]:
+    """The live processes of session sid (zombies aside): start() gives the run a session of its
+    own, and each worker leads a process group of its own within it."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(name))
+    return found
+
+
+def session_gone(sid: int, within: float = 10.0) -> bool:
+    """Whether every process of the session has ended (within a few seconds)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not session(sid):
             return True
-        time.sleep(0.1)
+        time.sleep(0.05)
     return False
 
 
@@ -232,6 +250,16 @@ def children(pid):
         return [int(c) for c in f.read().split()]
 
 
+def workers(pid):
+    """The trainer's generation workers (not multiprocessing's resource tracker), oldest first."""
+    found = []
+    for child in children(pid):
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"spawn_main" in f.read():
+                found.append(child)
+    return sorted(found)
+
+
 FAULTS = [("a reward that raises", "raise ValueError('bad reward')\n",
            "generation worker 0 failed: the reward function failed"),
           ("a reward past --reward-timeout", "time.sleep(30)\n", "took longer than 1 s")]
@@ -251,7 +279,7 @@ def test_a_failing_worker_stops_the_run_after_a_checkpoint_and_resume_goes_on(
     assert says in last and "checkpoint saved to" in last, err
     assert f"resume with: python train.py --resume {run}" in last
     assert "Traceback" not in err
-    assert group_gone(proc.pid)
+    assert session_gone(proc.pid)
     saved = final_state(run)
     assert 0 < saved["round"] < 30
     marker.unlink()                             # the reward behaves now: the run goes on
@@ -264,13 +292,13 @@ def test_a_failing_worker_stops_the_run_after_a_checkpoint_and_resume_goes_on(
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
 def test_a_worker_killed_stops_the_run_with_one_line_naming_it(tmp_path, tiny_path):
     run, proc = running(tmp_path, "--max-rounds", "400")
-    (worker,) = children(proc.pid)[-1:]
+    (worker,) = workers(proc.pid)
     os.kill(worker, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert f"generation worker 0 (pid {worker}) killed by SIGKILL" in err.strip().splitlines()[-1]
     assert checkpoint.find(run) is not None
-    assert group_gone(proc.pid)
+    assert session_gone(proc.pid)
 
 
 @pytest.mark.slow
@@ -284,7 +312,7 @@ def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path,
     assert proc.returncode == 128 + signal.SIGINT, err
     assert f"resume with: python train.py --resume {run}" in err
     assert "Traceback" not in err
-    assert group_gone(proc.pid)
+    assert session_gone(proc.pid)
     saved = final_state(run)
     assert 0 < saved["round"] < 60
     done = resume(run, "--progress")
@@ -300,7 +328,7 @@ def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path):
     assert children(proc.pid)                   # the worker
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    assert group_gone(proc.pid)
+    assert session_gone(proc.pid)
 
 
 REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),

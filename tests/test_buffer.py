@@ -140,6 +140,21 @@ def test_sample_with_remove_uses_each_rollout_once():
     assert sorted(ids(first) + ids(second)) == list(range(7)) and len(buf) == 0
 
 
+def test_max_uses_retires_a_rollout_at_its_cap_and_counts_it():
+    """max_uses 2 on 3 rollouts drawn 2 at a time: each leaves after its second use, so however
+    many batches are asked for, no rollout is used a third time; left_by_uses counts them at 2."""
+    buf = ReplayBuffer(capacity=10, seed=1)
+    buf.add([make(i) for i in range(3)])
+    uses = {i: 0 for i in range(3)}
+    while len(buf) >= 2:
+        for r in buf.sample(2, max_uses=2):
+            uses[ids([r])[0]] += 1
+    assert max(uses.values()) == 2 and all(r.uses < 2 for r in buf.items)
+    assert buf.left_by_uses[2] == sum(n == 2 for n in uses.values()) >= 2
+    with pytest.raises(ValueError, match="max_uses 0"):
+        buf.sample(1, max_uses=0)
+
+
 def test_skip_zero_advantage_stores_only_informative_rollouts():
     buf = ReplayBuffer(capacity=10, skip_zero_advantage=True, loss_type="tis")
     rollouts = [make(i) for i in range(4)]

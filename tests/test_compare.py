@@ -448,7 +448,7 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     flag runs them again."""
     calls = []
     monkeypatch.setattr(compare, "build_tiny_model", lambda task, seed, steps=0: calls.append(("build", seed)))
-    monkeypatch.setattr(compare, "run_train", lambda argv, out: calls.append(("run", out)) or fake_train(argv, out))
+    monkeypatch.setattr(compare, "run_train", lambda argv, out, env=None: calls.append(("run", out)) or fake_train(argv, out))
     monkeypatch.setattr(compare, "plot", lambda *a: None)
     common = ["--seeds", "2", "--evals", "4", "--bootstrap", "10", "--jobs", "1", "--budget-tokens", "4000",
               "--records", str(tmp_path / "records")]

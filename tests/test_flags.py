@@ -110,6 +110,8 @@ generator_devices      | --generator-devices cpu --generators 1 | config | confi
 sync_every             | --sync-every 2                 | config   | config   | config  | to the workers
 max_lag                | --max-lag 2                    | config   | config   | config  | a worker
 lockstep               | --lockstep --generators 1      | config   | config   | config  | with --generators
+max_uses               | --max-uses 2                   | config   | config   | config  | with --generators
+worker_timeout         | --worker-timeout 5             | config   | config   | config  | with --generators
 save_every             | --save-every 2                 | config   | config   | config  |
 keep_checkpoints       | --keep-checkpoints 3           | config   | config   | config  |
 resume                 | --resume {ckpt}                | config   | config   | refused |
@@ -128,9 +130,15 @@ COMPARE = {
                        lambda w: w.summary["budget_tokens"] == 6000 and w.each("max_gen_tokens") == {6000})],
     "seeds": [("--seeds 2", lambda w: w.each("seed") == {0, 1}
                and {a["seeds"] for a in w.summary["arms"].values()} == {2})],
+    "first_seed": [("--first-seed 100 --seeds 2", lambda w: w.each("seed") == {100, 101}
+                    and w.summary["replicates"].endswith("(i from 100)")),
+                   ("--first-seed -1", REFUSED)],
     "one_model": [("--one-model --seeds 2", lambda w: w.each("warm_start_seed") == {0} and w.each("seed") == {0, 1}
                    and w.summary["replicates"].startswith("one model"))],
     "jobs": [("--jobs 3", lambda w: w.spied["jobs"] == [3] and "3 run(s) side by side" in w.summary["seconds_measured"])],
+    "threads": [("--threads 2", lambda w: {e["OMP_NUM_THREADS"] for e in w.envs} == {"2"}
+                 and "2 torch threads each" in w.summary["seconds_measured"]),
+                ("--threads 0", REFUSED)],
     "batch_size": [("--batch-size 128", lambda w: {c.batch_size for c in w.arm("on_policy")} == {128})],
     "replay_ratio": [("--replay-ratio 4", lambda w: {c.rollouts_per_round for c in w.arm("replay")} == {256 // 4})],
     "num_generations": [("--num-generations 4", lambda w: w.each("num_generations") == {4})],
@@ -340,7 +348,7 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
     if isinstance(COMPARE[dest], str):
         return                                      # --train-args: test_a_train_flag_reaches_the_config_...
     for text, check in COMPARE[dest]:
-        compare_runs.runs.clear(), compare_runs.builds.clear()
+        compare_runs.runs.clear(), compare_runs.builds.clear(), compare_runs.envs.clear()
         argv = ["--output-dir", f"{world.tmp}/cmp"] + COMPARE_BASE + shlex.split(world.fill(text))
         if check == REFUSED:
             assert_refused(lambda: compare.main(argv), COMPARE_FLAGS[dest], capsys, compare_runs.runs,
@@ -358,6 +366,7 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
         runs = list(compare_runs.runs)
         arm_of = lambda out: os.path.basename(os.path.dirname(out))            # OUT/<arm>/seed<i>
         w = types.SimpleNamespace(tmp=world.tmp, summary=summary, runs=runs, builds=compare_runs.builds, spied=spied,
+                                  envs=[e for e in compare_runs.envs if e is not None],
                                   on_policy_runs=[{k: v for k, v in r.items() if k != "reach"}
                                                   for r in summary["arms"]["on_policy"]["replicates"]],
                                   each=lambda field: {getattr(c, field) for _, c in runs},

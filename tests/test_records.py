@@ -58,8 +58,8 @@ def run_nothing(monkeypatch, summary: dict, read: list | None = None) -> None:
         monkeypatch.setattr(compare, "choose_lr", by_area(compare.choose_lr))
     load = compare.load_record
 
-    def load_record(path, argv, model):
-        record = load(path, argv, model)
+    def load_record(path, argv, model, threads=1):
+        record = load(path, argv, model, threads)
         assert record is not None, f"no record of the run {path}"
         if read is not None:
             read.append(os.path.relpath(path, ROOT))

@@ -1,0 +1,218 @@
+"""--generators under real faults (issue 62): a worker stopped with SIGSTOP, a resume, a Ctrl-C while
+the workers start, a trainer killed while they load, a reward that forks or calls sys.exit, a
+file-size limit; and the clock: no worker generates while the trainer evaluates. Each fault is the
+real one (a real signal, a real rlimit, a real fork), never a stand-in; "nothing left" is every
+process of the run's session gone (the workers lead process groups of their own within it)."""
+import contextlib
+import multiprocessing.context
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+import async_rl
+import stopping
+import train
+from test_async import (ROOT, SMALL, final_state, resume, reward_file, rows, rows_safe,
+                        session, session_gone, start, wait_for_step, workers)
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, signals, rlimits")
+
+
+def steps_and_uses(run):
+    """(step rows, the most uses any rollout had when it left the buffer)."""
+    all_rows = rows(run)
+    steps = [r for r in all_rows if "is_ratio_mean" in r]
+    left = next(r["left_by_uses"] for r in reversed(all_rows) if "left_by_uses" in r)
+    return steps, max(i for i, n in enumerate(left) if n)
+
+
+@pytest.mark.slow
+@linux
+def test_a_stalled_worker_is_named_the_run_saved_and_reuse_stays_within_the_cap(tmp_path, tiny_path):
+    """kill -STOP of the worker: the trainer steps on what it holds until every rollout has had
+    --max-uses uses, then waits; after --worker-timeout one line names the worker, the run is saved
+    (exit 1), the stopped worker is ended with it, and --resume goes on."""
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "400", "--buffer-size", "32", "--max-uses", "3",
+                 "--worker-timeout", "4")
+    wait_for_step(run, proc, steps=2)
+    (worker,) = workers(proc.pid)
+    os.kill(worker, signal.SIGSTOP)
+    stopped = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert f"generation worker 0 (pid {worker}) gave no sign of life for" in last, err
+    assert "--worker-timeout 4" in last and "checkpoint saved to" in last
+    assert 4 < time.monotonic() - stopped < 30
+    assert session_gone(proc.pid, within=5)
+    steps, most = steps_and_uses(run)
+    assert most <= 3 and all(r["uses_mean"] <= 3 for r in steps)
+    saved = final_state(run)
+    assert saved["retired_at_cap"] > 0
+    done = resume(run, "--max-rounds", str(saved["round"] + 2))
+    assert done.returncode == 0, done.stderr
+    assert final_state(run)["round"] == saved["round"] + 2
+
+
+@pytest.mark.slow
+@linux
+def test_a_resume_takes_no_step_before_a_round_arrives(tmp_path, tiny_path):
+    """S = 0 never waits for new rollouts, but a resumed buffer is not stepped on while the workers
+    load: the first row after the resume is a round's, and no rollout goes past --max-uses."""
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "400", "--buffer-size", "32")
+    wait_for_step(run, proc, steps=3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    saved = final_state(run)
+    before = len(rows(run))
+    done = resume(run, "--max-rounds", str(saved["round"] + 3))
+    assert done.returncode == 0, done.stderr
+    after = [r for r in rows(run)[before - 1:] if "eval_accuracy" not in r]
+    first = next(r for r in after if r["round"] > saved["round"] or r["step"] > saved["step"])
+    assert first["updates"] == 0 and first["round"] == saved["round"] + 1, first
+    steps, most = steps_and_uses(run)
+    assert most <= 4
+
+
+@linux
+def test_a_ctrl_c_while_the_workers_start_is_kept(monkeypatch, tiny_path):
+    """A real SIGINT to the trainer while it starts its workers (sent from inside Process.start):
+    the stop is requested once they are started, not lost."""
+    from replay_rl import load_policy
+    model, _ = load_policy(tiny_path, lora_r=4)
+    cfg = train.Config(generators=1, buffer_size=16, batch_size=16, prompts_per_round=2,
+                       num_generations=8)
+    stop = stopping.StopRequest()
+    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stop, state=None,
+                                report=types.SimpleNamespace(tick=lambda state: 0.0),
+                                pause_workers=contextlib.nullcontext)
+    start_process = multiprocessing.context.SpawnProcess.start
+
+    def start_with_a_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return start_process(self)
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_with_a_ctrl_c)
+    monkeypatch.setattr(async_rl.Generators, "account", lambda self, state: None)
+    try:
+        with async_rl.Generators(run):
+            time.sleep(0.1)
+            assert stop.requested()
+    finally:
+        stop.restore()
+
+
+REFUSED_BEFORE_LOADING = [
+    (["--generators", "1000"], "--generators 1000: 1000 workers on the CPU, more than its"),
+    (["--generators", "1", "--generator-devices", "nonsense"], "'nonsense' is not a device"),
+    (["--generators", "2", "--generator-devices", "cpu,,cpu"], "'' is not a device"),
+    (["--generators", "1", "--generator-devices", "cuda:1"], "cuda:1 is not here")]
+
+
+@pytest.mark.parametrize("flags, says", REFUSED_BEFORE_LOADING,
+                         ids=[" ".join(f) for f, _ in REFUSED_BEFORE_LOADING])
+def test_workers_the_machine_cannot_hold_are_refused_before_anything_loads(flags, says, tmp_path):
+    if "cuda:1" in flags and torch.cuda.device_count() > 1:
+        pytest.skip("this machine has a cuda:1")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags,
+                           "--output-dir", str(out)], capture_output=True, text=True, timeout=120)
+    err = [line for line in done.stderr.strip().splitlines() if "publisher trust" not in line]
+    assert done.returncode == 2 and len(err) == 1 and says in err[0], done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@linux
+def test_workers_die_within_a_second_of_a_trainer_killed_while_they_load(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    proc = start(run, "--generators", "2", "--max-rounds", "400")
+    deadline = time.monotonic() + 60
+    while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)   # at once: the workers are still importing torch
+    proc.wait(timeout=10)
+    assert session_gone(proc.pid, within=3.0), [
+        (pid, open(f"/proc/{pid}/stat").read()[:60], open(f"/proc/{pid}/cmdline", "rb").read()[:80])
+        for pid in session(proc.pid)]     # ~0.3 s on idle cores
+    assert "resource_tracker" not in proc.stderr.read()     # no warning after the run has ended
+
+
+FORK = """if calls[0] == 60:
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@linux
+@pytest.mark.parametrize("ending", ["the end of the run", "a Ctrl-C to the group"])
+def test_what_a_reward_forks_in_a_worker_ends_with_the_run(ending, tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    reward, _ = reward_file(tmp_path, FORK)
+    proc = start(run, "--max-rounds", "10" if ending == "the end of the run" else "400",
+                 "--reward", reward)
+    if ending != "the end of the run":
+        wait_for_step(run, proc, steps=4)
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == (0 if ending == "the end of the run" else 130), err
+    assert session_gone(proc.pid, within=3.0), session(proc.pid)
+
+
+@pytest.mark.slow
+@linux
+def test_a_reward_that_calls_sys_exit_in_a_worker_is_named_and_its_code_kept(tmp_path, tiny_path):
+    run = str(tmp_path / "run")
+    reward, _ = reward_file(tmp_path, "sys.exit(3)\n")
+    proc = start(run, "--max-rounds", "30", "--reward", reward)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err
+    last = err.strip().splitlines()[-1]
+    assert "generation worker 0 failed: the reward function called sys.exit(3) on prompt '" in last
+    assert "checkpoint saved to" in last and "Traceback" not in err
+
+
+@pytest.mark.slow
+@linux
+@pytest.mark.parametrize("generators", ["0", "1"])
+def test_a_file_size_limit_below_a_checkpoint_is_named_before_the_first_round(generators, tmp_path,
+                                                                              tiny_path):
+    """ulimit -f 200000 (a real RLIMIT_FSIZE): no checkpoint of the demo fits (its optimizer state
+    is 753,664 bytes), so the run says so at once, in one line, instead of after its rounds (the
+    synchronous loop) or about the wrong file (the async trainer, whose shared weights hit it)."""
+    run = tmp_path / "run"
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))    # noqa: E731
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *SMALL,
+                           "--generators", generators, "--output-dir", str(run)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    err = [line for line in done.stderr.strip().splitlines() if "publisher trust" not in line]
+    assert done.returncode == 1 and len(err) == 1, done.stderr
+    assert "may write no file over 200000 bytes" in err[0] and "optimizer state takes" in err[0]
+    assert not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@linux
+def test_no_worker_generates_while_the_trainer_evaluates(tmp_path, tiny_path):
+    """The wall clock stops for evals; the workers are held then. So one worker's generation
+    seconds never exceed the run's wall seconds (evals every round, each longer than a round)."""
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "24", "--eval-every", "1", "--eval-prompts", "200",
+                 "--new-per-update", "16")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    steps = [r for r in rows_safe(run) if "is_ratio_mean" in r]
+    assert steps and all(r["gen_seconds"] <= r["wall_seconds"] + 0.05 for r in steps), \
+        [(r["gen_seconds"], r["wall_seconds"]) for r in steps]
+    evals = [r for r in rows(run) if "eval_accuracy" in r]
+    assert evals[-1]["eval_seconds"] > steps[-1]["gen_seconds"]     # the evals would have fed it
