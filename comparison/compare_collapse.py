@@ -50,7 +50,7 @@ ARMS = {
 }
 PAIRS = ("reuse_fresh:on_policy", "stale_once:on_policy", "sampler_tis:on_policy",
          "sampler_tis:reuse_fresh", "sampler_tis:stale_once", "sampler_ppo:sampler_tis")
-START, BAND = 0.15, 0.05        # every run's accuracy at step 0; a lasting gain is above START + BAND
+START, BAND = 0.15, 0.05    # every run's accuracy at step 0; a lasting gain: above START + BAND
 KL_RISE = 0.05                  # approx_kl above this: the policy moved far from its samplers
 
 
@@ -109,8 +109,9 @@ def verdict(fig: dict) -> list[str]:
     if c["on_policy"]:
         lines.append("on-policy collapsed: the setting itself is unstable; no explanation read")
     elif not c["sampler_tis"]:
-        lines.append("the synchronous sampler did not collapse: the async run's collapse is not "
-                     "reproduced by reuse 4 at ages 0-15; neither explanation is supported here")
+        lines.append("sampler_tis did not collapse: the synchronous form does not reproduce the "
+                     "collapse (reuse 4 at ages 0-15); neither explanation is supported by these "
+                     "runs")
     elif c["reuse_fresh"] and not c["stale_once"]:
         lines.append("supported: too much movement per generated token (reuse), not staleness")
     elif c["stale_once"] and not c["reuse_fresh"]:

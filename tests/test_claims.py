@@ -134,6 +134,23 @@ def stated_figures(node, out: set) -> set:
     return out
 
 
+def per_seed_final_differences(name: str) -> set:
+    """The final-accuracy difference of each pair of a summary's arms, per seed: its mean with the
+    paired 90% t-interval (compare_decisive.paired_test), as the page writes a difference."""
+    import compare_decisive
+    from stats import final_accuracy
+    arms = claims.read(f"docs/results/{name}")["arms"]
+    final = {a: [final_accuracy(r["accuracy"]) for r in e["replicates"]] for a, e in arms.items()}
+    out = set()
+    for a in final:
+        for b in final:
+            if a != b:
+                r = compare_decisive.paired_test([x - y for x, y in zip(final[a], final[b])])
+                lo, hi = (claims.number(x, "diff") for x in r["interval_90"])
+                out.add(f"{claims.number(r['mean'], 'diff')} [{lo}, {hi}]")
+    return out
+
+
 def test_the_real_model_prose_states_only_figures_of_its_summaries():
     """The words under the table and the SmolLM2 section: each figure with an interval, or bare
     interval, is one of the summaries' the table reads (or the table's own); one typed from memory
@@ -146,6 +163,7 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
                  "default_lr1e-3_early.json", "tuned_early.json", "async_demo.json",
                  "async_demo_lr1e-3.json", "async_smollm2.json"):
         stated_figures(claims.read(f"docs/results/{name}"), known)
+    known |= per_seed_final_differences("async_smollm2.json")
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
     stated = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_power.json")))
     table += power.table(stated) + power.differences_table(stated)     # checked in test_power

@@ -1,0 +1,177 @@
+"""Issue 59, part 3: the decisive SmolLM2 comparison, pre-registered in
+docs/plans/smollm2_decisive.md (committed before its first run). Does replay reach a fixed accuracy
+with less generation than on-policy rounds, beyond chance, and is that reuse or only more steps?
+
+    python comparison/compare_decisive.py --print          # the compare.py command, nothing run
+    python comparison/compare_decisive.py                   # 6 seeds x 3 arms, two runs at a time
+    python comparison/compare_decisive.py --seeds 10        # the plan's extension (its rule)
+    python comparison/compare_decisive.py --verdict         # the plan's tests, from the records
+
+Synchronous loop only (deterministic: token figures need no quiet cores; one thread a run).
+SmolLM2-135M-Instruct, --task sums, one prompt a round of G = 4 at T = 0.7, no zero-advantage
+filter, lr 2.5e-4, 6,400 generated tokens (twice on-policy's mean tokens to first reach 0.45 in
+the committed runs, 3,135), greedy evals on 100 fixed prompts every 800 tokens, RL seeds 100-105.
+  on_policy  B = N = S = 16: a step once 16 new rollouts are in, each used once at age 0
+  replay     B = N = 16, S = 8: a step per 8 new rollouts on the newest 16, each used twice (ages
+             0-1); the loss docs/plans/smollm2_collapse.md's rule chose (LOSS below)
+  control    B = N = S = 8: as many steps per generated token as replay, each rollout used once
+Primary figure: per seed, log(replay's tokens to first reach 0.45 / on_policy's), a seed that never
+reaches counted at the budget; one-sided paired t-test (H1: replay needs fewer), checked by the
+exact sign-flip permutation test; beside it replay against control alike.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+RECORDS = "docs/results/records/smollm2_decisive"
+LOSS = "ppo"            # the collapse plan's rule (docs/results/smollm2_collapse.md: its verdict)
+FIRST_SEED, SEEDS, MORE_SEEDS = 100, 6, 10
+BUDGET, EVERY, TARGET = 6400, 800, 0.45
+SD_TO_EXTEND = 0.34     # the observed sd of the primary log ratio above which the plan goes to 10
+SHARED = "--prompts-per-round 1 --no-skip-zero-advantage"
+ARMS = {"on_policy": "--batch-size 16 --buffer-size 16 --new-per-update 16",
+        "replay": f"--batch-size 16 --buffer-size 16 --new-per-update 8 --loss {LOSS}",
+        "control": "--batch-size 8 --buffer-size 8 --new-per-update 8"}
+PAIRS = (("replay", "on_policy"), ("replay", "control"), ("control", "on_policy"))
+MU = {"measured": None, "paper_5": 5.0, "paper_7": 7.0}   # generation / training cost per rollout
+
+
+def compare_argv(seeds: int = SEEDS) -> list[str]:
+    argv = ["--model", "smollm2", "--task", "sums", "--num-generations", "4", "--batch-size", "16",
+            "--lr", "2.5e-4", "--first-seed", str(FIRST_SEED), "--seeds", str(seeds),
+            "--budget-tokens", str(BUDGET), "--evals", str(BUDGET // EVERY), "--eval-prompts",
+            "100", "--target", str(TARGET), "--target-rule", "first",
+            "--train-args", "--temperature 0.7", "--arms", *ARMS]
+    for name, flags in ARMS.items():
+        argv += ["--arm", name, f"{SHARED} {flags}"]
+    return argv + ["--pairs", *(f"{a}:{b}" for a, b in PAIRS if b != "on_policy"), "--jobs", "2",
+                   "--records", RECORDS, "--output-dir", "runs/smollm2_decisive"]
+
+
+# ---- the plan's tests ----------------------------------------------------------------------------
+def paired_test(d: list[float]) -> dict:
+    """One-sided paired t-test of mean(d) < 0, the exact sign-flip permutation p beside it, and the
+    90% t-interval of the mean (two-sided: each end a one-sided 95% bound)."""
+    from power import t_cdf, t_quantile
+    n, mean = len(d), statistics.fmean(d)
+    sd = statistics.stdev(d) if n > 1 else math.nan
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else (-math.inf if mean < 0 else math.inf if mean > 0 else 0.0)
+    flips = [sum(x if (mask >> i) & 1 else -x for i, x in enumerate(d)) for mask in range(2 ** n)]
+    total = sum(d)
+    half = t_quantile(0.95, n - 1) * se
+    return {"n": n, "mean": mean, "sd": sd, "t": t, "p_t": t_cdf(t, n - 1),
+            "p_permutation": sum(f <= total + 1e-12 for f in flips) / len(flips),
+            "interval_90": [mean - half, mean + half], "values": d}
+
+
+def first_reach(curve: dict) -> dict:
+    """Tokens, rounds and steps to the first eval at or above TARGET (interpolated as compare.py
+    does); never: the budget's (the run's last eval), marked."""
+    import stats
+    point = stats.first_reach_point(curve, TARGET)
+    if point is None:
+        return {"tokens": float(BUDGET), "rounds": curve["rounds"][-1], "steps": curve["steps"][-1],
+                "reached": False}
+    return {**{k: point[k] for k in ("tokens", "rounds", "steps")}, "reached": True}
+
+
+def curves(records: str = RECORDS) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: its curve at the plan's eval grid}} of the records there are."""
+    import records as rec
+    grid = [EVERY * k for k in range(BUDGET // EVERY + 1)]
+    out = {}
+    for arm in ARMS:
+        out[arm] = {}
+        for path in sorted(glob.glob(os.path.join(ROOT, records, arm, "seed*-*.json"))):
+            record = json.load(open(path))
+            out[arm][record["config"]["seed"]] = {**rec.read_record(record, grid, path),
+                                                  "record": record}
+    return out
+
+
+def compute_to_target(reach: dict, arm: str, mu: float) -> float:
+    """Generation + training to the first reach, in units of training one rollout: rollouts
+    generated (rounds x P x G = 4 a round) x mu + rollouts trained (steps x B)."""
+    B = 8 if arm == "control" else 16
+    return reach["rounds"] * 4 * mu + reach["steps"] * B
+
+
+def measured_mu(all_curves: dict) -> float:
+    """Generation / training seconds per rollout over the on-policy runs (their records)."""
+    gen = train = generated = trained = 0.0
+    for curve in all_curves["on_policy"].values():
+        r = curve["record"]
+        gen += r["last"]["gen_seconds"]
+        train += r["last"]["train_seconds"]
+        generated += r["rounds"]["generated"]
+        trained += r["rounds"]["steps"] * 16
+    return (gen / generated) / (train / trained)
+
+
+def verdict(all_curves: dict) -> dict:
+    seeds = sorted(set.intersection(*(set(c) for c in all_curves.values())))
+    reach = {arm: {s: first_reach(all_curves[arm][s]) for s in seeds} for arm in ARMS}
+    out = {"seeds": seeds, "target": TARGET, "budget_tokens": BUDGET,
+           "reached": {arm: sum(r["reached"] for r in reach[arm].values()) for arm in ARMS},
+           "mean_tokens_to_first_reach": {
+               arm: statistics.fmean(r["tokens"] for r in reach[arm].values()) for arm in ARMS},
+           "pairs": {}}
+    if len(seeds) < 2:
+        return out
+    mus = {**MU, "measured": measured_mu(all_curves)}
+    for a, b in PAIRS:
+        tokens = paired_test([math.log(reach[a][s]["tokens"] / reach[b][s]["tokens"])
+                              for s in seeds])
+        area = paired_test([statistics.fmean(all_curves[a][s]["accuracy"])
+                            - statistics.fmean(all_curves[b][s]["accuracy"]) for s in seeds])
+        entropy = paired_test([all_curves[a][s]["record"]["entropy_second_half"]
+                               - all_curves[b][s]["record"]["entropy_second_half"] for s in seeds])
+        compute = {name: paired_test([math.log(compute_to_target(reach[a][s], a, mu)
+                                               / compute_to_target(reach[b][s], b, mu))
+                                      for s in seeds]) for name, mu in mus.items()}
+        lo, hi = tokens["interval_90"]
+        out["pairs"][f"{a}/{b}"] = {
+            "log_token_ratio": tokens, "token_ratio": math.exp(tokens["mean"]),
+            "token_ratio_90": [math.exp(lo), math.exp(hi)],
+            "saving_detected": tokens["p_t"] < 0.05 and tokens["p_permutation"] < 0.05,
+            "saving_of_40pct_excluded": lo > math.log(0.6),
+            "area_difference": area, "entropy_second_half_difference": entropy,
+            "log_compute_ratio": compute, "mu": mus}
+    primary = out["pairs"]["replay/on_policy"]["log_token_ratio"]
+    out["extend_to_10"] = len(seeds) < MORE_SEEDS and primary["sd"] > SD_TO_EXTEND
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="compare_decisive.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--print", action="store_true", help="print the command and run nothing")
+    p.add_argument("--verdict", action="store_true", help="the plan's tests from the records")
+    p.add_argument("--seeds", type=int, default=SEEDS, choices=(SEEDS, MORE_SEEDS),
+                   help="6, or 10 when the plan's rule extends it")
+    args = p.parse_args(argv)
+    if args.verdict:
+        result = verdict(curves())
+        print(json.dumps(result, indent=1, default=lambda x: None))
+        return result
+    cmd = compare_argv(args.seeds)
+    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in cmd), flush=True)
+    if not args.print:
+        import compare
+        return compare.main(cmd)
+
+
+if __name__ == "__main__":
+    main()
