@@ -5,6 +5,7 @@ nothing else of this project but the ``Rollout`` record.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 
@@ -219,7 +220,66 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     return prompt_ids, completions.cpu(), token_logp.cpu(), token_entropy.cpu(), eos_ids
 
 
-# ---- engineering: each prompt prefilled once ----------------------------------------------------
+def completion_lengths(completions: torch.Tensor,
+                       eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
+    including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
+    pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
+    False)."""
+    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, max_len]
+    max_len = completions.shape[1]
+    ended = eos_cells.any(1)
+    first_eos = torch.where(ended, eos_cells.int().argmax(1),
+                            torch.full_like(ended, max_len, dtype=torch.long))
+    return torch.clamp(first_eos + 1, max=max_len), ended
+
+
+def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
+                    prompts_per_call: int = 256) -> float:
+    """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
+    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
+                          max_new_tokens=max_new_tokens,
+                          prompts_per_call=prompts_per_call)["reward"]
+
+
+@torch.inference_mode()
+def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
+                   prompts_per_call: int = 256, progress=None, shared_prefill: bool = True,
+                   drop_ended: bool = True) -> dict[str, float]:
+    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
+    progress: e.g. a tqdm bar, advanced by the prompts of each batch done. Engineering, the same
+    completions: shared_prefill, the tokens every prompt of a batch starts with (a system prompt)
+    run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
+    (``greedy_completions``)."""
+    device = next(model.parameters()).device
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos_ids, pad_token_id=pad_id)
+    totals = dict.fromkeys(reward_fns, 0.0)
+    for start in range(0, len(prompts), prompts_per_call):
+        chunk = prompts[start:start + prompts_per_call]
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False)
+        inputs, cache = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, {}
+        if shared_prefill:
+            ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+            inputs["input_ids"], inputs["attention_mask"], cache = prefill_once(model, ids,
+                                                                                 pad_id, 1)
+        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+        if drop_ended:
+            new = greedy_completions(model, inputs, cache, gen_config)
+        else:
+            new = model.generate(**inputs, generation_config=gen_config,
+                                 **cache)[:, inputs["input_ids"].shape[1]:].tolist()
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for name, fn in reward_fns.items():
+            totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
+        if progress is not None:
+            progress.update(len(chunk))
+    return {name: total / len(prompts) for name, total in totals.items()}
+
+
+# ---- engineering: each prompt prefilled once, a reply out of the batch once it ended --------
 @torch.inference_mode()
 def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int, cache=None):
     """The KV cache that ``generate`` would build from ``copies`` copies of each prompt, with each
@@ -277,55 +337,32 @@ def repeat_rows(cache, copies: int, into):
     return into
 
 
-def completion_lengths(completions: torch.Tensor,
-                       eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
-    including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
-    pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
-    False)."""
-    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, max_len]
-    max_len = completions.shape[1]
-    ended = eos_cells.any(1)
-    first_eos = torch.where(ended, eos_cells.int().argmax(1),
-                            torch.full_like(ended, max_len, dtype=torch.long))
-    return torch.clamp(first_eos + 1, max=max_len), ended
-
-
-def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
-                    prompts_per_call: int = 256, shared_prefill: bool = True) -> float:
-    """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
-    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
-                          max_new_tokens=max_new_tokens, prompts_per_call=prompts_per_call,
-                          shared_prefill=shared_prefill)["reward"]
-
-
-@torch.inference_mode()
-def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
-                   prompts_per_call: int = 256, progress=None,
-                   shared_prefill: bool = True) -> dict[str, float]:
-    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
-    progress: e.g. a tqdm bar, advanced by the prompts of each batch done. shared_prefill: the
-    tokens every prompt of a batch starts with (a system prompt) run once (``prefill_once``)."""
-    device = next(model.parameters()).device
-    eos_ids, pad_id = end_token_ids(model, tokenizer)
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                                  eos_token_id=eos_ids, pad_token_id=pad_id)
-    totals = dict.fromkeys(reward_fns, 0.0)
-    for start in range(0, len(prompts), prompts_per_call):
-        chunk = prompts[start:start + prompts_per_call]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=False)
-        inputs, cache = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, {}
-        if shared_prefill:  # engineering: the same completions, the shared prefix run once
-            ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
-            inputs["input_ids"], inputs["attention_mask"], cache = prefill_once(model, ids,
-                                                                                 pad_id, 1)
-        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
-        out = model.generate(**inputs, generation_config=gen_config, **cache)
-        texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:],
-                                       skip_special_tokens=True)
-        for name, fn in reward_fns.items():
-            totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
-        if progress is not None:
-            progress.update(len(chunk))
-    return {name: total / len(prompts) for name, total in totals.items()}
+def greedy_completions(model, inputs: dict, cache: dict, gen_config: GenerationConfig,
+                       steps: int = 8) -> list[list[int]]:
+    """Engineering: ``generate``'s greedy completions (each row's new tokens), a row leaving the
+    batch once it holds an end token: generate runs ``steps`` tokens at a time, and between runs
+    the ended rows are set aside and their rows of the KV cache dropped, so that a batch costs its
+    replies' tokens rather than rows x the longest reply. Greedy decoding is the same whichever
+    rows share the batch (up to rounding). inputs: input_ids, attention_mask [rows, L]; cache:
+    {keyword: the prompts' cache} (prefill_once's) or {} (generate builds one)."""
+    ids, mask, L = inputs["input_ids"], inputs["attention_mask"], inputs["input_ids"].shape[1]
+    eos = torch.tensor(gen_config.eos_token_id, device=ids.device)
+    rows, new = list(range(len(ids))), [None] * len(ids)
+    config = copy.deepcopy(gen_config)
+    while True:
+        config.max_new_tokens = min(steps, gen_config.max_new_tokens - (ids.shape[1] - L))
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                             return_dict_in_generate=True, **cache)
+        ids = out.sequences                                  # [rows, L + tokens so far]
+        for row, tokens in zip(rows, ids[:, L:].tolist()):
+            new[row] = tokens
+        ended = torch.isin(ids[:, L:], eos).any(1) | (ids.shape[1] - L >= gen_config.max_new_tokens)
+        keep = (~ended).nonzero().squeeze(1)
+        if not len(keep):
+            return new
+        rows, ids = [rows[i] for i in keep.tolist()], ids[keep]
+        mask = torch.cat([mask, mask.new_ones(len(mask), ids.shape[1] - mask.shape[1])], 1)[keep]
+        # transformers renamed the output's cache (past_key_values -> cache) during 5.x
+        name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+        getattr(out, name).batch_select_indices(keep)     # the ended rows leave the cache too
+        cache = {name: getattr(out, name)}

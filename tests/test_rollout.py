@@ -254,7 +254,34 @@ def test_greedy_evals_on_a_shared_prefix_give_plain_generates_completions(policy
         shapes, hook = forward_shapes(model)
         texts[shared] = []
         greedy_rewards(model, tokenizer, prompts, {"r": lambda p, c: texts[shared].append(c) or 0.0},
-                       max_new_tokens=4, shared_prefill=shared)
+                       max_new_tokens=4, shared_prefill=shared, drop_ended=shared)
         hook.remove()
         assert shapes[:2] == ([(30, 7), (30, 1)] if not shared else [(1, 1), (30, 5)])
     assert texts[True] == texts[False] and len(set(texts[True])) > 3
+
+
+def test_greedy_completions_drop_the_rows_that_ended_and_match_generate(policy):
+    """rollout.greedy_completions: a row that holds an end token leaves the batch (and the KV
+    cache) at the next run of generate; the same completions as one generate call of all rows."""
+    from transformers import GenerationConfig
+
+    from rollout import end_token_ids, greedy_completions
+
+    model, tokenizer = policy
+    prompts = ["1+2=", "45+67=", "9+99=", "80+0=", "3+4=", "99+99="]       # replies of 1-3 digits
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    config = GenerationConfig(do_sample=False, max_new_tokens=6, eos_token_id=eos_ids, pad_token_id=pad_id)
+    inputs = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}
+    with torch.no_grad():
+        whole = model.generate(**inputs, generation_config=config)[:, enc.input_ids.shape[1]:]
+    shapes, hook = forward_shapes(model)
+    with torch.no_grad():
+        new = greedy_completions(model, inputs, {}, config, steps=1)
+    hook.remove()
+    lengths = [row.index(eos_ids[0]) + 1 for row in whole.tolist()]
+    assert len(set(lengths)) > 1                                 # the rows end at different steps
+    batch = [rows for rows, _ in shapes]
+    assert batch == [sum(k > step for k in lengths) for step in range(max(lengths))]
+    cut = lambda rows: [row[:row.index(eos_ids[0]) + 1] for row in rows]
+    assert cut(new) == cut(whole.tolist())
