@@ -290,11 +290,10 @@ def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int
     each prompt's rest, left-padded:   ids [P, L] = [prefix | pad ... pad rest_i],
         mask = [1 ... 1 | 0 ... 0 1 ... 1],   position = cumsum(mask) - 1 (as generate counts),
     so each token sits at its unpadded position and attends to the tokens before it: the same
-    distribution as left-padded copies, up to rounding. The prefix runs once (batch 1) and its
-    cache rows are repeated P times; the rests but their last column run on it (P rows); then
-    every row is repeated ``copies`` times into ``cache`` (default a DynamicCache; an empty
-    StaticCache of fast_decoding is filled alike). S <= the shortest prompt - 1: each keeps its
-    last token for generate."""
+    distribution as left-padded copies, up to rounding. The prefix (S <= the shortest prompt - 1)
+    runs once, batch 1, its rows repeated P times; the rests but their last column run on it; then
+    every row is repeated ``copies`` times into ``cache`` (default a DynamicCache; fast_decoding's
+    empty StaticCache alike). Nothing to share (S = 0, one copy): no cache, generate's own."""
     device = next(model.parameters()).device
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x
@@ -310,15 +309,17 @@ def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int
     for row, prompt in enumerate(prompt_ids):
         ids[row, :S], ids[row, S + width - (len(prompt) - S):] = prompt[:S], prompt[S:]
         mask[row, :S], mask[row, S + width - (len(prompt) - S):] = 1, 1
+    if S == 0 and copies == 1 and cache is None:    # nothing shared: generate prefills as usual
+        return ids.to(device), mask.to(device), {}
     ids, mask = ids.to(device), mask.to(device)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
     forward = lambda cols, batch, into: model(         # the cache of columns cols, filled in place
         input_ids=ids[batch, cols], attention_mask=mask[batch, :cols.stop],
         position_ids=position[batch, cols], use_cache=True, logits_to_keep=1, **{keyword: into})
-    prefix = DynamicCache(config=base.config)
+    prompts = DynamicCache(config=base.config)
     if S:
-        forward(slice(0, S), slice(0, 1), prefix)
-    prompts = repeat_rows(prefix, len(prompt_ids), DynamicCache(config=base.config))
+        forward(slice(0, S), slice(0, 1), prefix := DynamicCache(config=base.config))
+        prompts = repeat_rows(prefix, len(prompt_ids), prompts)
     if width > 1:
         forward(slice(S, S + width - 1), slice(None), prompts)
     if copies > 1 or cache is not None:
