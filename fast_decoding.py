@@ -1,6 +1,8 @@
 """Faster ``generate`` on a GPU for a whole run (``--fast-generation``): engineering, not the method.
 
-Pass a FastDecoding as ``fast=`` to rollout.generate_rollouts; it samples the same tokens.
+Pass a FastDecoding as ``fast=`` to rollout.generate_rollouts; it samples the same tokens. With the
+shared prefill (rollout.prefill_once, the default) its static cache takes the prompts' rows, each
+repeated G times, and the compiled decode steps run from there; the prefill stays eager either way.
 """
 from __future__ import annotations
 

@@ -5,10 +5,12 @@ nothing else of this project but the ``Rollout`` record.
 """
 from __future__ import annotations
 
+import copy
+import inspect
 import warnings
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from buffer import Rollout
 
@@ -132,22 +134,22 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 @torch.inference_mode()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
-                      max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                      policy_version: int, fast=None) -> tuple[list[Rollout], dict]:
+                      max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, fast=None,
+                      policy_version: int, shared_prefill=True) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
     turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
     r and the group-normalized advantage A (the G rollouts of one prompt form its group).
     prompts: text as the model reads it (chat template, special tokens: add_special_tokens=False);
     reward_fn(prompt, completion) gets that same text. policy_version: the model's optimizer steps
     now (no default: a rollout's age counts from it). G = 1 gives A = 0 to every rollout, and tis
-    and ppo learn nothing: a round of only equal-reward groups warns, once. top_p < 1 is refused
-    (the stored log mu would ignore the nucleus), as is what in the model's generation_config would
-    change the sampling and cannot be overridden. fast: a fast_decoding.FastDecoding kept across
-    calls (the same samples, faster on a GPU). Returns (rollouts in prompt-major order, stats)."""
+    and ppo learn nothing: a round of only equal-reward groups warns, once. Refused: top_p < 1 (log
+    mu would ignore the nucleus), what in the model's generation_config changes the sampling.
+    fast (a fast_decoding.FastDecoding kept across calls), shared_prefill (each prompt prefilled
+    once: ``prefill_once``): the same samples, faster. Returns (rollouts, prompt-major; stats)."""
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=top_p, fast=fast)
+        top_p=top_p, fast=fast, shared_prefill=shared_prefill)
     lengths, ended = completion_lengths(completions, eos_ids)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
@@ -179,13 +181,15 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 
 
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, top_p: float, fast=None):
+                       temperature: float, top_p: float, fast=None, shared_prefill: bool = True):
     """G samples of each prompt (left-padded, so every completion starts at the same column), with
     log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
     (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, max_len] on the
     CPU, and the end token ids. Sampled from softmax(z_t / T) alone: every setting of generate
     that would change it is passed at its plain value (PLAIN_SAMPLING), so the model's own
     generation_config cannot fill it in; one that cannot be overridden is refused.
+    shared_prefill: the prompts' cache is built by ``prefill_once`` (each prompt token through the
+    model once), else by ``generate`` from G copies of each prompt; the same distribution.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)        # the prompts carry their own special tokens
@@ -202,6 +206,9 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     recorder = BehaviourLogProbs(model, gen_config)     # it refuses top_p < 1 and the rest
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
+    if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
+        input_ids, attention_mask, extra = prefill_once(
+            model, prompt_ids, pad_id, G, cache=fast and extra[fast.cache_arg])
     # with the KV cache
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
@@ -237,9 +244,13 @@ def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_
 
 @torch.inference_mode()
 def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
-                   prompts_per_call: int = 256, progress=None) -> dict[str, float]:
+                   prompts_per_call: int = 256, progress=None, shared_prefill: bool = True,
+                   drop_ended: bool = True) -> dict[str, float]:
     """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
-    progress: e.g. a tqdm bar, advanced by the prompts of each batch done."""
+    progress: e.g. a tqdm bar, advanced by the prompts of each batch done. Engineering, the same
+    completions: shared_prefill, the tokens every prompt of a batch starts with (a system prompt)
+    run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
+    (``greedy_completions``)."""
     device = next(model.parameters()).device
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
@@ -248,11 +259,111 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     for start in range(0, len(prompts), prompts_per_call):
         chunk = prompts[start:start + prompts_per_call]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=False).to(device)
-        out = model.generate(**enc, generation_config=gen_config)
-        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+                        add_special_tokens=False)
+        inputs, cache = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, {}
+        if shared_prefill:
+            ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+            inputs["input_ids"], inputs["attention_mask"], cache = prefill_once(model, ids,
+                                                                                 pad_id, 1)
+        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+        if drop_ended:
+            new = greedy_completions(model, inputs, cache, gen_config)
+        else:
+            new = model.generate(**inputs, generation_config=gen_config,
+                                 **cache)[:, inputs["input_ids"].shape[1]:].tolist()
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         for name, fn in reward_fns.items():
             totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
         if progress is not None:
             progress.update(len(chunk))
     return {name: total / len(prompts) for name, total in totals.items()}
+
+
+# ---- engineering: each prompt prefilled once, a reply out of the batch once it ended --------
+@torch.inference_mode()
+def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int, cache=None):
+    """The KV cache that ``generate`` would build from ``copies`` copies of each prompt, with each
+    prompt token through the model once: (input_ids, attention_mask) [P * copies, L] and
+    {cache keyword: cache} holding their first L - 1 columns, for ``generate(input_ids=...,
+    attention_mask=..., **cache)``, which runs the last column and samples from there.
+    Layout: the S first tokens that every prompt shares (a chat template's system prompt), then
+    each prompt's rest, left-padded:   ids [P, L] = [prefix | pad ... pad rest_i],
+        mask = [1 ... 1 | 0 ... 0 1 ... 1],   position = cumsum(mask) - 1 (as generate counts),
+    so each token sits at its unpadded position and attends to the tokens before it: the same
+    distribution as left-padded copies, up to rounding. The prefix (S <= the shortest prompt - 1)
+    runs once, batch 1, its rows repeated P times; the rests but their last column run on it; then
+    every row is repeated ``copies`` times into ``cache`` (default a DynamicCache; fast_decoding's
+    empty StaticCache alike). Nothing to share (S = 0, one copy): no cache, generate's own."""
+    device = next(model.parameters()).device
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x
+    keyword = ("cache" if "cache" in inspect.signature(base.forward).parameters
+               else "past_key_values")
+    lengths, rows = [len(ids) for ids in prompt_ids], [ids.tolist() for ids in prompt_ids]
+    S = 0
+    while S < min(lengths) - 1 and all(row[S] == rows[0][S] for row in rows):
+        S += 1
+    width = max(lengths) - S
+    ids = torch.full((len(prompt_ids), S + width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompt_ids):
+        ids[row, :S], ids[row, S + width - (len(prompt) - S):] = prompt[:S], prompt[S:]
+        mask[row, :S], mask[row, S + width - (len(prompt) - S):] = 1, 1
+    if S == 0 and copies == 1 and cache is None:    # nothing shared: generate prefills as usual
+        return ids.to(device), mask.to(device), {}
+    ids, mask = ids.to(device), mask.to(device)
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    forward = lambda cols, batch, into: model(         # the cache of columns cols, filled in place
+        input_ids=ids[batch, cols], attention_mask=mask[batch, :cols.stop],
+        position_ids=position[batch, cols], use_cache=True, logits_to_keep=1, **{keyword: into})
+    prompts = DynamicCache(config=base.config)
+    if S:
+        forward(slice(0, S), slice(0, 1), prefix := DynamicCache(config=base.config))
+        prompts = repeat_rows(prefix, len(prompt_ids), prompts)
+    if width > 1:
+        forward(slice(S, S + width - 1), slice(None), prompts)
+    if copies > 1 or cache is not None:
+        into = DynamicCache(config=base.config) if cache is None else cache
+        prompts = repeat_rows(prompts, copies, into)
+    return ids.repeat_interleave(copies, 0), mask.repeat_interleave(copies, 0), {keyword: prompts}
+
+
+def repeat_rows(cache, copies: int, into):
+    """``into`` (an empty cache) given each layer's keys and values [B, heads, len, dim] of
+    ``cache`` with every row repeated ``copies`` times: [B * copies, heads, len, dim]."""
+    for index, layer in enumerate(cache.layers):
+        if layer.is_initialized and layer.get_seq_length() > 0:
+            into.update(layer.keys.repeat_interleave(copies, 0),
+                        layer.values.repeat_interleave(copies, 0), index)
+    return into
+
+
+def greedy_completions(model, inputs: dict, cache: dict, gen_config: GenerationConfig,
+                       steps: int = 8) -> list[list[int]]:
+    """Engineering: ``generate``'s greedy completions (each row's new tokens), a row leaving the
+    batch once it holds an end token: generate runs ``steps`` tokens at a time, and between runs
+    the ended rows are set aside and their rows of the KV cache dropped, so that a batch costs its
+    replies' tokens rather than rows x the longest reply. Greedy decoding is the same whichever
+    rows share the batch (up to rounding). inputs: input_ids, attention_mask [rows, L]; cache:
+    {keyword: the prompts' cache} (prefill_once's) or {} (generate builds one)."""
+    ids, mask, L = inputs["input_ids"], inputs["attention_mask"], inputs["input_ids"].shape[1]
+    eos = torch.tensor(gen_config.eos_token_id, device=ids.device)
+    rows, new = list(range(len(ids))), [None] * len(ids)
+    config = copy.deepcopy(gen_config)
+    while True:
+        config.max_new_tokens = min(steps, gen_config.max_new_tokens - (ids.shape[1] - L))
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                             return_dict_in_generate=True, **cache)
+        ids = out.sequences                                  # [rows, L + tokens so far]
+        for row, tokens in zip(rows, ids[:, L:].tolist()):
+            new[row] = tokens
+        ended = torch.isin(ids[:, L:], eos).any(1) | (ids.shape[1] - L >= gen_config.max_new_tokens)
+        keep = (~ended).nonzero().squeeze(1)
+        if not len(keep):
+            return new
+        rows, ids = [rows[i] for i in keep.tolist()], ids[keep]
+        mask = torch.cat([mask, mask.new_ones(len(mask), ids.shape[1] - mask.shape[1])], 1)[keep]
+        # transformers renamed the output's cache (past_key_values -> cache) during 5.x
+        name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+        getattr(out, name).batch_select_indices(keep)     # the ended rows leave the cache too
+        cache = {name: getattr(out, name)}

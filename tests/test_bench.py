@@ -79,3 +79,37 @@ def test_demo_matrix_passes_its_flags_on_and_runs_one_thread_cells_side_by_side(
     assert out.count("BELOW GOAL") == 1 and "cells at or above +0.50: 1/2" in out
     calls.clear()
     assert demo_matrix.main(argv) == cells and calls == []                  # read back, not run again
+
+
+def test_the_prefill_benchmark_times_both_paths_on_the_same_samples(tiny_path, tmp_path):
+    """benchmarks/prefill.py on the demo: plain and shared interleaved on the same seeds sample the
+    same completions; each phase's tokens add up; the load on the machine is kept with the figures."""
+    import prefill
+    found = prefill.main(["--settings", "demo", "--eval-pairs", "1", "--output", str(tmp_path / "p.json")])
+    rounds, evals = found["rounds"]["demo"], found["evals"]["demo"]
+    assert rounds["same_completions_every_pair"] and evals["same_completions_every_pair"]
+    assert rounds["behaviour_logp_max_diff"] < 1e-5 and rounds["shared_prefix_tokens"] == 0
+    plain, shared = rounds["plain"], rounds["shared"]
+    assert plain["prefill_tokens"] == 16 * 8 * rounds["prompt_tokens_max"]        # G copies of each prompt
+    assert shared["prefill_tokens"] == 16 * (rounds["prompt_tokens_max"] - 1) + 16 * 8   # once, then the last column
+    assert plain["decode_tokens"] == shared["decode_tokens"] and rounds["speedup_wall"] > 0
+    load = found["load"]["demo"]
+    assert load["load_note"] == prefill.LOAD_NOTE and len(load["loadavg_before"]) == 3
+    assert 0 < load["process_cpu_over_wall"] <= 1.05
+
+
+def test_the_docs_state_the_prefill_figures_of_the_committed_json():
+    import prefill
+    found = json.load(open(prefill.OUTPUT))
+    usage = " ".join(open(os.path.join(prefill.ROOT, "docs", "usage.md")).read().split())
+    rounds, evals = found["rounds"], found["evals"]
+    for setting in ("smollm2", "long_prompt"):
+        assert f"{rounds[setting]['speedup_wall']:.2f}x" in usage, setting
+        assert f"{evals[setting]['speedup_wall']:.2f}x" in usage, setting
+    assert f"({rounds['smollm2']['plain_split']['decode']:.0%} of the" in usage
+    assert f"at most {rounds['smollm2']['bound_prefill_free']:.2f}x" in usage
+    trl = found["trl"]
+    assert (f"took {trl['train_py_shared_over_trl_wall']:.2f}x the seconds of TRL's GRPOTrainer's, "
+            f"{trl['train_py_plain_over_trl_wall']:.2f}x without") in usage
+    assert prefill.LOAD_NOTE in usage and all(v["load_note"] == prefill.LOAD_NOTE for v in found["load"].values())
+    assert all(found[part][s]["same_completions_every_pair"] for part in ("rounds", "evals") for s in found[part])

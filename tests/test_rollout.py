@@ -109,7 +109,7 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
 
 def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
     """--fast-generation: the same tokens and behaviour log-probs as plain generate under one seed,
-    with the decode step compiled (dynamo with the eager backend: the graph capture CUDA runs,
+    its static cache filled by the shared prefill (rollout.prefill_once), with the decode step compiled (dynamo with the eager backend: the graph capture CUDA runs,
     without a compiler), after an update (the compiled step must see the new LoRA weights), and
     one cache kept across rounds of the same shape."""
     from transformers import CompileConfig
@@ -129,8 +129,10 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
         pair = []
         for f in (None, fast):
             torch.manual_seed(10 + round_)
+            # plain generate (G copies of each prompt) against the fast path on the shared prefill
             pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
-                                          max_new_tokens=5, temperature=1.5, fast=f, policy_version=0)[0])
+                                          max_new_tokens=5, temperature=1.5, fast=f, policy_version=0,
+                                          shared_prefill=f is not None)[0])
         caches.append(fast.caches[len(batch) * 4])
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
@@ -180,3 +182,106 @@ def test_a_round_of_equal_rewards_says_so_once(policy, addition):
     said = [str(w.message) for w in caught if "equal rewards" in str(w.message)]
     assert said == ["every group of this round had equal rewards (G = 1): A = 0 for all, so tis and ppo "
                     "get no gradient from it (with G = 1, never)"]
+
+
+def forward_shapes(model):
+    """[input_ids shape of each forward of the base model], recorded from now on, and the hook."""
+    shapes = []
+    hook = model.get_base_model().register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    return shapes, hook
+
+
+def test_each_prompt_is_prefilled_once_and_samples_what_plain_generate_samples(policy, addition):
+    """rollout.prefill_once: the prefix every prompt shares runs once (batch 1), each prompt's rest
+    once (P rows, left-padded after the prefix), and only the last column runs for the P x G rows;
+    the same completions as generate given G copies of each prompt, under one seed, and the same
+    behaviour log-probs, which equal a teacher-forced forward within 1e-5 (rho = 1 on fresh data)."""
+    model, tokenizer = policy
+    prompts = ["12+3=", "12+45=", "12+9=", "12+67="]            # "12+" shared; 2 lengths: padding
+    found = {}
+    for shared in (False, True):
+        shapes, hook = forward_shapes(model)
+        torch.manual_seed(4)
+        found[shared] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                                          max_new_tokens=5, temperature=1.3, policy_version=0,
+                                          shared_prefill=shared)[0]
+        hook.remove()
+        steps = max(len(r.completion_ids) for r in found[shared])
+        # plain: 16 rows x 6 columns at once; shared: the prefix, the rests but their last column,
+        # then that column for the 16 rows; then a decode step per further token, 16 rows each
+        assert shapes == ([(16, 6)] if not shared else [(1, 3), (4, 2), (16, 1)]) + [(16, 1)] * (steps - 1)
+    plain, shared = found[False], found[True]
+    assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in shared]
+    assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, shared)) < 1e-5
+    batch = collate(shared, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = completion_logp(model, batch, 1.3)
+    mask = batch["completion_mask"].bool()
+    assert mask.sum() > len(shared)                              # real multi-token completions
+    assert (torch.exp(logp - batch["behaviour_logp"])[mask] - 1).abs().max() < 1e-5
+
+
+def test_one_prompt_is_prefilled_once_for_its_group_and_pad_may_be_eos(policy, addition):
+    """P = 1: all but the last prompt token run as the shared prefix; with pad == eos the prefix's
+    padding cannot be confused with an end token (the attention mask, not the ids, says which)."""
+    model, tokenizer = policy
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.pad_token = tokenizer.eos_token
+    found = {}
+    for shared in (False, True):
+        shapes, hook = forward_shapes(model)
+        torch.manual_seed(5)
+        found[shared] = generate_rollouts(model, tokenizer, ["45+67="], addition.reward, num_generations=8,
+                                          max_new_tokens=4, temperature=1.5, policy_version=0,
+                                          shared_prefill=shared)[0]
+        hook.remove()
+        assert shapes[:2] == ([(8, 6), (8, 1)] if not shared else [(1, 5), (8, 1)])
+    assert [r.completion_ids.tolist() for r in found[False]] == [r.completion_ids.tolist() for r in found[True]]
+    assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item()
+               for a, b in zip(found[False], found[True])) < 1e-5
+
+
+def test_greedy_evals_on_a_shared_prefix_give_plain_generates_completions(policy):
+    """greedy_rewards (train.py's eval): the prompts' shared first tokens run once, every prompt in
+    one batch; the same greedy completions as plain generate."""
+    from rollout import greedy_rewards
+
+    model, tokenizer = policy
+    prompts = [f"3{a}+{b}=" for a in range(10) for b in (1, 22, 333)]     # "3" shared; 3 lengths
+    texts = {}
+    for shared in (False, True):
+        shapes, hook = forward_shapes(model)
+        texts[shared] = []
+        greedy_rewards(model, tokenizer, prompts, {"r": lambda p, c: texts[shared].append(c) or 0.0},
+                       max_new_tokens=4, shared_prefill=shared, drop_ended=shared)
+        hook.remove()
+        assert shapes[:2] == ([(30, 7), (30, 1)] if not shared else [(1, 1), (30, 5)])
+    assert texts[True] == texts[False] and len(set(texts[True])) > 3
+
+
+def test_greedy_completions_drop_the_rows_that_ended_and_match_generate(policy):
+    """rollout.greedy_completions: a row that holds an end token leaves the batch (and the KV
+    cache) at the next run of generate; the same completions as one generate call of all rows."""
+    from transformers import GenerationConfig
+
+    from rollout import end_token_ids, greedy_completions
+
+    model, tokenizer = policy
+    prompts = ["1+2=", "45+67=", "9+99=", "80+0=", "3+4=", "99+99="]       # replies of 1-3 digits
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    config = GenerationConfig(do_sample=False, max_new_tokens=6, eos_token_id=eos_ids, pad_token_id=pad_id)
+    inputs = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}
+    with torch.no_grad():
+        whole = model.generate(**inputs, generation_config=config)[:, enc.input_ids.shape[1]:]
+    shapes, hook = forward_shapes(model)
+    with torch.no_grad():
+        new = greedy_completions(model, inputs, {}, config, steps=1)
+    hook.remove()
+    lengths = [row.index(eos_ids[0]) + 1 for row in whole.tolist()]
+    assert len(set(lengths)) > 1                                 # the rows end at different steps
+    batch = [rows for rows, _ in shapes]
+    assert batch == [sum(k > step for k in lengths) for step in range(max(lengths))]
+    cut = lambda rows: [row[:row.index(eos_ids[0]) + 1] for row in rows]
+    assert cut(new) == cut(whole.tolist())

@@ -86,6 +86,43 @@ def test_a_round_of_rollouts_with_the_chat_template_has_exact_behaviour_logprobs
     assert (rho - 1).abs().max() < 1e-4
 
 
+
+def test_each_prompt_prefilled_once_on_the_chat_template_is_as_exact_as_plain_generate(smollm2):
+    """rollout.prefill_once on the real chat template: the system prompt that every prompt starts
+    with runs once, each prompt's rest once for its G samples; under one seed the same completions
+    as generate given G copies of each prompt, and each path's log mu against a teacher-forced
+    forward (fp32): per token within 5e-5 (the plain path's own rounding: 2.6e-5 measured), rho's
+    mean on fresh data within 1e-5 of 1."""
+    _, model, tokenizer = smollm2
+    prompts = [chat(tokenizer, q) for q in QUESTIONS]
+    rows = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    system = len(tokenizer(prompts[0].split("<|im_start|>user")[0], add_special_tokens=False).input_ids)
+    assert system >= 20 and all(row[:system] == rows[0][:system] for row in rows)
+    model.eval()
+    found, shapes = {}, []
+    hook = model.get_base_model().register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    for shared in (False, True):
+        shapes.clear()
+        torch.manual_seed(1)
+        found[shared], _ = generate_rollouts(model, tokenizer, prompts, lambda p, c: float(len(c) % 3),
+                                             num_generations=2,
+                                             max_new_tokens=24, policy_version=0, shared_prefill=shared)
+        if shared:
+            assert shapes[0][0] == 1 and shapes[0][1] >= system         # the system prompt, once
+        else:
+            assert shapes[0] == (8, max(map(len, rows)))                # 4 prompts x 2 copies
+        batch = collate(found[shared], tokenizer.pad_token_id, 0)
+        with torch.no_grad():
+            logp, _ = completion_logp(model, batch)
+        mask = batch["completion_mask"].bool()
+        gap = (logp - batch["behaviour_logp"])[mask]
+        assert gap.abs().max() < 5e-5 and abs(gap.exp().mean().item() - 1) < 1e-5, (shared, gap.abs().max())
+    hook.remove()
+    plain, shared = found[False], found[True]
+    assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in shared]
+    assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, shared)) < 5e-5
+
 def test_lora_wraps_the_llama_projections_and_an_update_moves_only_the_adapter(smollm2):
     _, model, tokenizer = smollm2
     lora = {n: p for n, p in model.named_parameters() if p.requires_grad}
