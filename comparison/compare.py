@@ -433,6 +433,13 @@ def compare(args) -> dict:
     return summary
 
 
+def print_or_run(argv: list[str], print_only: bool = False):
+    """A planned comparison (compare_async.py, compare_collapse.py, ...): its compare.py command
+    printed, as its page shows it; then run, unless print_only."""
+    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in argv), flush=True)
+    return None if print_only else main(argv)
+
+
 # ---- the user's decision: which arm reaches the target first on this machine ---------------------
 def decide(summary_path: str, cost_path: str = "") -> dict:
     """Which arm of a comparison reaches the target first, and by how much: measured (on the machine

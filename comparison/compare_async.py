@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,11 +93,8 @@ def main(argv=None):
     p.add_argument("setting", choices=SETTINGS)
     p.add_argument("--print", action="store_true", help="print the command and run nothing")
     args = p.parse_args(argv)
-    cmd = compare_argv(args.setting)
-    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in cmd), flush=True)
-    if not args.print:
-        import compare
-        return compare.main(cmd)
+    import compare
+    return compare.print_or_run(compare_argv(args.setting), args.print)
 
 
 if __name__ == "__main__":

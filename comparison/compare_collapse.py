@@ -31,7 +31,6 @@ import glob
 import gzip
 import json
 import os
-import shlex
 import statistics
 import sys
 
@@ -143,11 +142,8 @@ def main(argv=None):
                                        for k, v in r.items() if k != "evals"}))
         print("\n".join(verdict(fig)))
         return fig
-    cmd = compare_argv()
-    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in cmd), flush=True)
-    if not args.print:
-        import compare
-        return compare.main(cmd)
+    import compare
+    return compare.print_or_run(compare_argv(), args.print)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import glob
 import json
 import math
 import os
-import shlex
 import statistics
 import sys
 
@@ -166,11 +165,8 @@ def main(argv=None):
         result = verdict(curves())
         print(json.dumps(result, indent=1, default=lambda x: None))
         return result
-    cmd = compare_argv(args.seeds)
-    print("python comparison/compare.py " + " ".join(shlex.quote(x) for x in cmd), flush=True)
-    if not args.print:
-        import compare
-        return compare.main(cmd)
+    import compare
+    return compare.print_or_run(compare_argv(args.seeds), args.print)
 
 
 if __name__ == "__main__":
