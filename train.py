@@ -81,7 +81,7 @@ class Config:
     max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
     reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
-        "freshest correct (reward > 0) older rollouts; 0 = plain FIFO")
+        "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
         "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
@@ -114,7 +114,8 @@ class Config:
         "counts (comma-separated, ascending; e.g. denser early, to resolve a rise)")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
-    progress: bool = opt(True, "show the progress bar and the start-up summary")
+    progress: bool = opt(True, "show the progress bar and the start-up and end-of-run summaries "
+        "(--no-progress: none of them; metrics.jsonl keeps every figure)")
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
     report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
         "folder, or to a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no "
@@ -291,7 +292,8 @@ def sample_batch(run: Run) -> list | None:
         state.pending_updates = 0
         return None
     cap, held = cfg.generators and cfg.reuse and cfg.max_uses, len(run.buffer)   # async: a cap
-    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None)
+    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None,
+                                policy_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if cap else 0
     return sampled
 
