@@ -208,15 +208,17 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                         prompts = draw_prompts(run)                 # P prompts
                         rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
                     add_to_buffer(run, rollouts, gen)               # FIFO; makes K updates due
-                for _ in due_updates(run):      # K, once the buffer holds B (with S: S new)
-                    update(run, sample_batch(run))                  # B sampled -> one step
+                for _ in due_updates(run):      # the K that add_to_buffer made due (held B)
+                    if (sampled := sample_batch(run)) is not None:  # None: too few left
+                        update(run, sampled)                        # B sampled -> one step
                 end_of_round(run)               # eval, progress bar, checkpoint when due
         return finish(run)                      # the last eval and checkpoint, the adapter
 
 
 def rounds(run: Run):
-    """Each round: whether it is a new one (after --resume, a round a stop cut short comes first,
-    its updates or its end still due); after each, a stop saves and exits."""
+    """The loop's `while the budget lasts`, as a generator: yields once per round whether it is a
+    new one (after --resume, a round a stop cut short comes first, its updates or its end still
+    due); after each round, a stop asked for saves and exits (stop_if_asked)."""
     state = run.state
     while state.pending_updates or state.round_end_due or not budget_spent(run):
         yield not (state.pending_updates or state.round_end_due)
@@ -224,7 +226,8 @@ def rounds(run: Run):
 
 
 def due_updates(run: Run):
-    """The round's due updates; before each, a stop saves and exits (the rest after --resume)."""
+    """The loop's `K times`: yields once per update due (state.pending_updates, set to K by
+    add_to_buffer, counted down by update); before each, a stop asked for saves and exits."""
     while run.state.pending_updates:
         stop_if_asked(run)
         yield
@@ -266,6 +269,8 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
     held = max(my_batch, 0 if state.step else distributed.share_size(cfg.learning_starts))
     fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
+    # with S, store no more than the S new that make the updates due, or than the buffer lacks of
+    # the B it must hold, whichever is more (the rest of the round is dropped, counted); else all
     room = max(my_new - fresh(), held - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
@@ -282,8 +287,8 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
 
 def sample_batch(run: Run) -> list | None:
     """B rollouts sampled uniformly from the buffer (B/W from each of W processes, their uses
-    counted), or None: too few are left (used once with --no-reuse, or older than --max-age),
-    and the updates due lapse."""
+    counted), or None: too few are left (used once with --no-reuse, or older than --max-age);
+    the updates due then lapse, counted (lapsed_updates, in the end-of-run summary)."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
     my_batch = distributed.share_size(state.round_batch_size)
@@ -298,10 +303,10 @@ def sample_batch(run: Run) -> list | None:
     return sampled
 
 
-def update(run: Run, sampled: list | None) -> None:
-    """One optimizer step on the sampled rollouts (none: the updates lapsed), its metrics row."""
-    if sampled is None:
-        return
+def update(run: Run, sampled: list) -> None:
+    """One optimizer step on the sampled rollouts, its metrics row. The step is
+    update_step_engineered: replay_rl.update_step as the reader studied it (tested equal), in
+    micro-batches, over processes, in fp16, skipping NaN."""
     cfg, state = run.cfg, run.state
     with report.timed(state, "train"):
         m = replay_rl.update_step_engineered(
