@@ -1,5 +1,5 @@
-"""The paper's system: generation workers that never wait for the trainer, pushing rollouts into the
-FIFO buffer the trainer samples.
+"""The paper's system: generation workers that sample while the trainer steps (waiting only for an
+order when the buffer has no room, and for weights past --max-lag), pushing rollouts to its buffer.
 
     python train.py --generators 1          # one worker process generates while the trainer steps
 
@@ -68,8 +68,8 @@ def train_async(run, sample_batch, update, evaluate, end_of_round) -> None:
             evaluate(run)                       # step 0, while the workers load their models
         while not finished(run, workers) and not run.stop.requested():
             workers.order(run)                  # rounds for the workers, while the buffer has room
-            if not state.round_end_due and (arrived := workers.take_round(
-                    wait=not step_due(run, workers))):
+            if not state.round_end_due and (arrived := workers.take_round(   # the last one ended
+                    wait=not step_due(run, workers))):  # blocks for a round only if no step is due
                 store(run, *arrived)            # all its rollouts into the buffer; steps now due
             if step_due(run, workers) and (sampled := take_batch(run, sample_batch)):
                 workers.order(run)              # the room it freed: generated during the step
@@ -78,8 +78,8 @@ def train_async(run, sample_batch, update, evaluate, end_of_round) -> None:
                 if state.step % cfg.sync_every == 0:
                     workers.publish(run.model, state.step)
             if state.round_end_due and not (state.pending_updates and step_due(run, workers)):
-                workers.account(state)
-                end_of_round(run)               # its steps taken: eval, progress bar, checkpoint
+                workers.account(state)          # the round's due steps taken (or none can be):
+                end_of_round(run)               # eval, progress bar, checkpoint
 
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link: WorkerLink) -> None:
@@ -123,8 +123,8 @@ def store(run, rollouts: list[Rollout], gen: dict) -> None:
 
 
 def take_batch(run, sample_batch):
-    """sample_batch(run), as the due step it is: with S = 0 every step is due (it uses what the
-    buffer holds), and the rollouts new since the last step start again from 0."""
+    """sample_batch(run). With S = 0 (no --lockstep) the paper's rule acts here: a step is always
+    due, so one update is set due and new_since_step (read by `finished`) reset to 0."""
     state = run.state
     if not (run.cfg.new_per_update or run.cfg.lockstep):
         state.pending_updates, state.new_since_step = 1, 0

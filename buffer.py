@@ -9,18 +9,19 @@ uses is the replay ratio. Each rollout keeps the policy version that generated i
 its age (current version - generating version, in optimizer steps) is known when it is
 replayed (one name for the count of optimizer steps: ``policy_version``, the rollout's and the
 current policy's; train.py's ``step`` is the same count). ``max_age`` optionally drops rollouts
-that have grown too stale, but only when the caller runs ``drop_stale(policy_version)`` (``add``
-and ``sample`` do not know the current version).
+that have grown too stale: ``sample`` then needs the current ``policy_version`` and drops them
+before it draws (``drop_stale`` does it alone).
 
 Variants (off by default; the method is the plain FIFO above), from the paper's discussion:
-  max_age                         the staleness cap above;
+  max_age                         the staleness cap above (sample(B, policy_version=...));
   sample(B, max_uses=U)           a cap on reuse: a rollout used U times leaves (U = 1: each
                                   used once), however many batches are drawn from what is held;
   keep_correct_frac = delta > 0   positive-bias retention (delta: the part of the N slots kept
                                   for older correct rollouts): when full, keep the freshest
                                   (1 - delta) * N rollouts (at least the whole newest batch, so
                                   no fresh rollout is evicted unused) plus, in the other slots, the
-                                  freshest *correct* (reward > 0) older rollouts; slots that
+                                  freshest *correct* older rollouts (reward >= correct_reward,
+                                  default 1.0: a task's full reward, not merely > 0); slots that
                                   correct ones cannot fill go to the freshest other older ones,
                                   so the buffer stays full;
   skip_zero_advantage             never store rollouts whose advantage is 0 (their group's
@@ -41,7 +42,10 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
+# eq=False: equality is identity. The generated __eq__ would compare tensors field by field, and
+# `rollout in batch`, `batch.index(rollout)` and `batch.remove(rollout)` would raise ("Boolean value
+# of Tensor with more than one value is ambiguous").
+@dataclass(eq=False)
 class Rollout:
     """One sampled completion and everything the loss needs to replay it later.
 
@@ -81,13 +85,17 @@ def zero_advantage_filter_fits(loss_type: str | None, beta: float) -> bool:
 class ReplayBuffer:
     """FIFO of up to ``capacity`` (N) rollouts, sampled uniformly without removal.
 
-    max_age (optimizer steps) acts only through ``drop_stale(policy_version)``, which the caller
-    runs before sampling (train.py does, at every update): nothing else here drops stale rollouts.
+    max_age (optimizer steps): ``sample`` then requires ``policy_version`` (the current policy's)
+    and drops the rollouts older than max_age before it draws; ``drop_stale`` drops them alone.
+    seed: of the sampler; None (the default) draws a fresh one, so two buffers draw different
+    batches; pass one for a run that repeats (train.py passes --seed).
+    correct_reward: with keep_correct_frac, a rollout counts as correct when its reward is at
+    least this (1.0: the full reward of a 0/1 task); set it to your task's full reward.
     """
 
-    def __init__(self, capacity: int, max_age: int | None = None, seed: int = 0,
+    def __init__(self, capacity: int, max_age: int | None = None, seed: int | None = None,
                  keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False,
-                 loss_type: str | None = None, beta: float = 0.0):
+                 loss_type: str | None = None, beta: float = 0.0, correct_reward: float = 1.0):
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
         if skip_zero_advantage and not zero_advantage_filter_fits(loss_type, beta):
@@ -103,9 +111,14 @@ class ReplayBuffer:
         self.capacity = capacity
         self.max_age = max_age
         self.keep_correct_frac = keep_correct_frac
+        self.correct_reward = correct_reward
         self.skip_zero_advantage = skip_zero_advantage
         self.items: list[Rollout] = []              # oldest first
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()                   # from the OS's entropy: a stream of its own
+        else:
+            self.generator.manual_seed(seed)
         # rollouts gone, by uses: [unused, once, twice, ...]
         self.left_by_uses: list[int] = []
 
@@ -130,11 +143,18 @@ class ReplayBuffer:
         return len(rollouts)
 
     def evict(self, n_new: int) -> None:
-        """Down to capacity: the freshest N (FIFO), or with keep_correct_frac the freshest
-        (1 - delta) * N, never fewer than the n_new just added, plus the freshest correct older
-        ones."""
-        # the freshest (1 - delta) * N (plain FIFO: delta = 0, all N), never fewer than the
-        # rollouts just added
+        """Down to capacity: the freshest N leave last (FIFO), or with keep_correct_frac the
+        variant below."""
+        if not self.keep_correct_frac:
+            self.count_leaving(self.items[:-self.capacity])
+            self.items = self.items[-self.capacity:]
+            return
+        self.evict_keeping_correct(n_new)
+
+    def evict_keeping_correct(self, n_new: int) -> None:
+        """A variant, positive-bias retention: keep the freshest (1 - delta) * N, never fewer than
+        the n_new just added, plus in the other slots the freshest correct older ones (reward >=
+        correct_reward), then the freshest other older ones."""
         n_fresh = min(self.capacity,
                       max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
@@ -145,17 +165,16 @@ class ReplayBuffer:
             return
         # the older rollouts to keep: correct ones first, then the rest, each freshest first
         newest_first = list(range(len(older) - 1, -1, -1))
-        ranked = ([i for i in newest_first if older[i].reward > 0]
-                  + [i for i in newest_first if older[i].reward <= 0])
+        correct = [i for i in newest_first if older[i].reward >= self.correct_reward]
+        ranked = correct + [i for i in newest_first if older[i].reward < self.correct_reward]
         kept = sorted(ranked[:slots])
         self.count_leaving([older[i] for i in ranked[slots:]])
         self.items = [older[i] for i in kept] + fresh
 
     def drop_stale(self, policy_version: int) -> int:
         """A variant: evict rollouts older than max_age optimizer steps. Returns how many were
-        dropped.
-
-        The only place max_age acts: call it with the current policy version before ``sample``."""
+        dropped. ``sample(B, policy_version=...)`` runs it first; call it alone to drop them
+        earlier (train.py does after each add, so that what is counted held is fresh enough)."""
         if self.max_age is None:
             return 0
         stale = [rollout for rollout in self.items
@@ -172,14 +191,21 @@ class ReplayBuffer:
                 self.left_by_uses += [0] * (rollout.uses + 1 - len(self.left_by_uses))
             self.left_by_uses[rollout.uses] += 1
 
-    def sample(self, batch_size: int, remove: bool = False,
-               max_uses: int | None = None) -> list[Rollout]:
+    def sample(self, batch_size: int, remove: bool = False, max_uses: int | None = None,
+               policy_version: int | None = None) -> list[Rollout]:
         """B distinct rollouts, uniformly at random; their use counts go up. They stay in the
         buffer for later batches (replay), unless ``remove``: then each rollout is used once.
         A variant: ``max_uses`` U, a rollout used U times leaves (remove is U = 1), so no rollout
-        is trained on more than U times however many batches are drawn."""
+        is trained on more than U times however many batches are drawn.
+        policy_version: the current policy's optimizer steps; with max_age it is required, and the
+        rollouts older than max_age leave before the draw."""
         if max_uses is not None and max_uses < 1:
             raise ValueError(f"max_uses {max_uses}: None is no cap; below 1 nothing could be used")
+        if self.max_age is not None:
+            if policy_version is None:
+                raise ValueError(f"max_age {self.max_age}: pass sample(..., policy_version=) "
+                                 "(the current policy's steps), else no stale rollout is dropped")
+            self.drop_stale(policy_version)
         if batch_size > len(self.items):
             raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of "
                              f"{len(self.items)}")

@@ -47,8 +47,7 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 # out also makes each step larger), in a buffer of 32, and each update takes 16 of them (replay);
 # the task's 40 rounds, evals of 100 prompts every 10. On 2 cores: +0.35 to +0.42 at round 40 in
 # 11.5-14 min, one seed of three down to +0.07 at round 30 (docs/usage.md). A step of B = 256 (the
-# demo's) would take minutes there. python train.py --model smollm2 --help shows the demo's
-# defaults; the start-up lines the ones in use.
+# demo's) would take minutes there. python train.py --model smollm2 --help shows these.
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, temperature=0.7,
                                   skip_zero_advantage=True, batch_size=16, buffer_size=32, lr=2.5e-4,
                                   eval_prompts=100, eval_every=10)}
@@ -60,24 +59,29 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n" if distributed.is_main() else None)
 
 
-def build_parser(config_class, description: str = "", explicit_only: bool = False):
+def build_parser(config_class, description: str = "", explicit_only: bool = False,
+                 model: str | None = None):
     """The CLI, one flag per field of the config dataclass (its help: the field's metadata).
-    explicit_only: flags not given are left out of the result."""
+    explicit_only: flags not given are left out of the result. model: the --model given, whose
+    own defaults (MODEL_DEFAULTS) the help shows; parse applies them, the parser does not."""
+    shown = MODEL_DEFAULTS.get(model, {})
     parser = OneLineParser(description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            argument_default=argparse.SUPPRESS if explicit_only else None)
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
         default = argparse.SUPPRESS if explicit_only else f.default
+        own = f" ({model}'s default: {shown[f.name]})" if f.name in shown else ""
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=f.metadata["help"])
+                                help=f.metadata["help"] + own)
         else:
             # a field with choices shows them ({tis,ppo,asymre}); the others their type (INT)
             extra = ({"choices": f.metadata["choices"]} if "choices" in f.metadata
                      else {"metavar": type(f.default).__name__.upper()})
             parser.add_argument(flag, type=type(f.default), default=default,
-                                help=f.metadata["help"] + " (default: %(default)s)", **extra)
+                                help=f.metadata["help"] + (own or " (default: %(default)s)"),
+                                **extra)
     return parser
 
 
@@ -85,7 +89,9 @@ def parse(config_class, argv=None, description: str = ""):
     """Flags -> (config, the checkpoint to resume from or None), checked before anything is
     loaded. The checkpoint is read here, once: its files reading back is what makes it one to
     resume from (the newest such one of a run folder)."""
-    parser = build_parser(config_class, description)
+    model = OneLineParser(add_help=False)               # --model first: --help shows its defaults
+    model.add_argument("--model")
+    parser = build_parser(config_class, description, model=model.parse_known_args(argv)[0].model)
     cfg = config_class(**vars(parser.parse_args(argv)))
     # absolute from the start: a reward that changes the working directory moves nothing
     cfg = dataclasses.replace(cfg, **{name: os.path.abspath(getattr(cfg, name))

@@ -6,13 +6,15 @@ Each round: sample G completions for each of P prompts with the current policy, 
 token o_t its behaviour log-prob log mu(o_t) and for every completion its group-normalized advantage
 A = (r - mean(r)) / (std(r) + 1e-4) (the sample std), 0 for a group of equal rewards. Add the
 R = P x G new rollouts to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it
-uniformly. With R = 128 and B = N = 256 each rollout is used twice (replay ratio y = K*B/R = 2),
-once fresh and once a step stale. The staleness is corrected by truncated importance weights
-(w_t without gradient; token mean over the batch):
+uniformly. Here B = N = 256: once full, every step takes the whole buffer (B < N draws a subset),
+so with R = 128 each rollout is used twice (replay ratio y = K*B/R = 2), fresh and a step stale.
+The staleness is corrected by truncated importance weights (w_t without gradient; token mean over
+the batch):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
 train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
 checks that the update here gives train.py's loss and gradient.
 """
+import logging
 import random
 
 import torch
@@ -24,11 +26,9 @@ from replay_rl import completion_logp, load_policy, policy_loss
 from rollout import generate_rollouts, greedy_accuracy
 
 P, G = 16, 8                # prompts per round x completions per prompt: R = 128 new rollouts
-# buffer capacity, rollouts per optimizer step: each used K*B/R = 2 times
-N, B = 256, 256
+N, B = 256, 256             # buffer capacity; rollouts per optimizer step: each used K*B/R = 2x
 LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
-# of sampling, and of the loss's log pi_theta: mu and pi_theta must share it
-TEMPERATURE = 1.0
+TEMPERATURE = 1.0           # T: mu samples at it and the loss takes log pi_theta at it, the same T
 ROUNDS, EVAL_EVERY = 100, 25
 
 
@@ -74,8 +74,10 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                          "leave the buffer before any batch could use them")
     rng = random.Random(seed)
     task = tasks.addition_task(2)
-    base = demo_model.tiny_model(task)  # built on first use (it draws random numbers), then cached
-    torch.manual_seed(seed)             # after it: a cold cache and a warm one train alike
+    # Seeded after the demo model: building it (on first use only, then cached) draws random
+    # numbers, so a seed set before it would train differently on a first run and on later ones.
+    base = demo_model.tiny_model(task)
+    torch.manual_seed(seed)
     model, tokenizer = load_policy(base, lora_r=16)                    # the base model + a new LoRA
     # beta2 0.99 (not 0.999): the second moment follows the gradient's scale within ~100 steps, as
     # the policy and its rewards move; no weight decay: it would pull the adapter back to the base
@@ -108,4 +110,6 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
 
 
 if __name__ == "__main__":
+    for library in ("bitsandbytes", "kernels"):     # notices of optional kernels, not of the method
+        logging.getLogger(library).setLevel(logging.ERROR)
     main()

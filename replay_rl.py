@@ -86,9 +86,10 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     own generation defaults are dropped: rollout.py overrides or refuses them anyway) and without
     dropout, so on fresh data rho = 1.
     tokenizer: one from ``load_tokenizer`` (else loaded here). load_in_4bit: nf4 weights with
-    double quantization, computing in ``dtype``. lora_alpha: None gives 2 * lora_r (LoRA's scale
-    lora_alpha / lora_r = 2); train.py passes --lora-alpha, 32 whatever lora_r (the same at its
-    16). gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
+    double quantization, computing in ``dtype``. lora_alpha: None gives 2 * lora_r, so LoRA's
+    scale lora_alpha / lora_r is 2 at any rank; train.py passes its --lora-alpha (default 32, a
+    fixed number: scale 2 at its default lora_r 16, another at another rank).
+    gradient_checkpointing: recompute activations in backward (less memory, ~30% more time).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -163,24 +164,39 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient).
     """
     check_temperature(cols, temperature)
+    check_layout(cols)
     max_len = cols["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=max_len)
     # z: the logits (the README's z_t); u = z / T over the vocabulary v; p_v = softmax(u)_v, so
-    # log pi_theta(o_t) = u_{o_t} - log_sum_exp, with log_sum_exp = log sum_v exp(u_v).
-    # Engineering: each full-vocabulary pass over [batch, max_len, vocab] costs as much as a
-    # small matmul (docs/gpu.md): no division when T = 1, and the entropy's sum_v p_v u_v as a
-    # batched dot product (einsum), without a [batch, max_len, vocab] product in between.
+    # log pi_theta(o_t) = u_{o_t} - log_sum_exp, with log_sum_exp = log sum_v exp(u_v), and the
+    # entropy H = - sum_v p_v log p_v = log_sum_exp - sum_v p_v u_v.
     z = out.logits.float()                                          # [batch, max_len, vocab]
-    u = z / temperature if temperature != 1.0 else z                # the same tensor when T = 1
+    u = z / temperature if temperature != 1.0 else z                # engineering: no pass at T = 1
     tokens = cols["input_ids"][:, -max_len:]
     log_sum_exp = torch.logsumexp(u, dim=-1)                        # [batch, max_len]
     logp = u.gather(-1, tokens[..., None]).squeeze(-1) - log_sum_exp
-    with torch.no_grad():       # the entropy H = - sum_v p_v log p_v = log_sum_exp - sum_v p_v u_v
+    with torch.no_grad():
+        # engineering: sum_v p_v u_v as a batched dot product, with no [batch, max_len, vocab]
+        # product in between (each full-vocabulary pass costs as much as a small matmul)
         entropy = log_sum_exp - torch.einsum("bcv,bcv->bc", torch.softmax(u, -1), u)
     return logp, entropy
+
+
+def check_layout(cols: dict) -> None:
+    """Refuses, in one line, cols not laid out as ``collate``'s, which completion_logp reads:
+    input_ids, attention_mask, position_ids [batch, prompt_len + max_len] and completion_mask
+    [batch, max_len], the completions in the last max_len columns."""
+    need = ("input_ids", "attention_mask", "position_ids", "completion_mask")
+    shapes = {k: tuple(cols[k].shape) for k in need if torch.is_tensor(cols.get(k))}
+    whole, completion = shapes.get("input_ids", ()), shapes.get("completion_mask", ())
+    if (len(shapes) < len(need) or len(whole) != 2 or len(completion) != 2
+            or completion[0] != whole[0] or not 0 < completion[1] < whole[1]
+            or shapes["attention_mask"] != whole or shapes["position_ids"] != whole):
+        raise ValueError(f"cols are not collate's layout: {shapes} (needs {need}, the completions "
+                         "the last max_len of input_ids' columns): build them with buffer.collate")
 
 
 def check_temperature(cols: dict, temperature: float) -> None:
@@ -313,6 +329,9 @@ def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0
     """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, max_len]).
     The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off.
     log_probs: completion_logp (None), or a function of its arguments with the same values."""
+    if beta > 0 and not hasattr(model, "disable_adapter"):
+        raise ValueError(f"beta {beta} > 0: the KL term's reference is the model with its adapter "
+                         "off (disable_adapter), only a PEFT model has one; wrap it or pass beta 0")
     log_probs = log_probs or completion_logp
     logp, entropy = log_probs(model, cols, temperature)
     ref_logp = None
@@ -481,6 +500,7 @@ def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: f
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 token, got {chunk}")
     check_temperature(cols, temperature)
+    check_layout(cols)
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = causal_lm.get_output_embeddings()
     if (getattr(causal_lm.config, "model_type", None) not in PLAIN_HEAD_MODELS

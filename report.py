@@ -467,7 +467,8 @@ def quiet_libraries() -> None:
     import warnings
 
     import transformers
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    for library in ("bitsandbytes", "kernels"):     # optional kernels' notices, offline checks
+        logging.getLogger(library).setLevel(logging.ERROR)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import warnings
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList,
+                          MinLengthLogitsProcessor, TemperatureLogitsWarper)
 
 from buffer import Rollout
 
@@ -19,11 +21,12 @@ from buffer import Rollout
 # it softmax(z_t / T), the one the stored log mu is taken from. sample_completions passes them
 # all: generate fills each field its caller leaves unset from the model's own generation_config
 # (Qwen-Instruct ships repetition_penalty, top_k, top_p), then from its defaults (top_k 50).
+# min_length is not among them: given min_new_tokens, generate replaces it (prompt length +
+# min_new_tokens) and warns at every call if both are passed; sampling_changes still checks it.
 PLAIN_SAMPLING = dict(do_sample=True, num_beams=1, top_k=0, top_p=1.0, typical_p=1.0,
                       epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
                       encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
-                      encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0,
-                      guidance_scale=1.0)
+                      encoder_no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0)
 # settings that act whenever they are set (None: off), so a model's own is refused, not overridden
 SET_TO_ACT = ("min_p", "top_h", "bad_words_ids", "sequence_bias", "suppress_tokens",
               "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
@@ -40,6 +43,8 @@ def sampling_changes(model, generation_config: GenerationConfig) -> dict:
     found = {name: used(name) for name in (*PLAIN_SAMPLING, *SET_TO_ACT)}
     found["do_sample"] = found["do_sample"] or False
     found["top_k"] = 50 if found["top_k"] is None else found["top_k"]
+    if found["min_new_tokens"] is None:     # else min_new_tokens replaces min_length
+        found["min_length"] = used("min_length") or None
     return {name: value for name, value in found.items()
             if value is not None and value != PLAIN_SAMPLING.get(name)}
 
@@ -49,17 +54,17 @@ class BehaviourLogProbs(LogitsProcessor):
 
     log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits that drew o_t and T the
     temperature: the same distribution the loss evaluates. So nothing else may change the
-    distribution: made with the generation_config that ``generate`` will be given (and no sampling
-    keywords besides it), the recorder refuses in one line whatever would (``sampling_changes``:
-    top_k unset or not 0, top_p < 1, a repetition penalty, ...), there or in the model's own.
-    Unchecked: a sampling keyword given to ``generate`` itself (``temperature=0.5``) overrides that
-    config unseen by this processor, and log mu is then of the wrong T: put every sampling setting
-    in the config (``sample_completions`` does).
-    ``generate`` calls this processor once per new token, with z_t [batch, vocab] (after its own
-    processors, before temperature, top-k and top-p) and with input_ids that end with the token
-    sampled at the call before. So we keep log_softmax(z_t / T) for one call and gather it at the
-    next; the last is gathered in ``finish``. Memory stays O(batch * vocab), not
-    O(batch * max_len * vocab).
+    distribution: made with the generation_config that ``generate`` will be given, the recorder
+    refuses in one line whatever would (``sampling_changes``: top_k unset or not 0, top_p < 1, a
+    repetition penalty, ...), there or in the model's own. A sampling keyword given to
+    ``generate`` itself (``temperature=0.5``, ``top_k=5``) overrides that config unseen here; at
+    its first call the recorder reads the processors generate built (``check_neighbours``) and
+    refuses a temperature other than its own T, or any other that changes the distribution.
+    ``generate`` calls this processor once per new token t, with the scores z_t [batch, vocab]
+    (before the temperature) and with input_ids that end with o_{t-1}, the token sampled at the
+    call before, since o_t is drawn only after the processors ran. So call t gathers log mu(o_{t-1})
+    from the log-softmax kept at call t - 1, then keeps its own; ``finish`` gathers the last one.
+    Memory stays O(batch * vocab), not O(batch * max_len * vocab).
     One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
     beam search reorders the rows between calls, which the gather here does not follow.
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
@@ -90,11 +95,32 @@ class BehaviourLogProbs(LogitsProcessor):
         if self.finished:
             raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
                                "generate call")
+        if not self.token_logp and self.prev_logp is None:      # the first call
+            # the list that calls us: generate's LogitsProcessorList (its __call__'s self)
+            self.check_neighbours(sys._getframe(1).f_locals.get("self"), input_ids.shape[1])
         self._gather_prev(input_ids[:, -1])
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
         self.prev_logp = logp
         return scores
+
+    def check_neighbours(self, processors, length: int) -> None:
+        """Refuses, in one line, the processors generate runs beside this one that would sample
+        from another distribution than the recorded softmax(z_t / T): a temperature warper of
+        another T (or none, with T != 1), and any other but a minimum length already reached.
+        processors: the calling LogitsProcessorList (anything else, e.g. a direct call: no check);
+        length: the tokens of input_ids now."""
+        if not isinstance(processors, LogitsProcessorList):
+            return
+        temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
+        others = [type(p).__name__ for p in processors if p is not self
+                  and not isinstance(p, TemperatureLogitsWarper)
+                  and not (isinstance(p, MinLengthLogitsProcessor) and p.min_length <= length)]
+        if others or temperatures != ([self.temperature] if self.temperature != 1.0 else []):
+            raise ValueError(f"generate samples with temperature {temperatures or [1.0]} and "
+                             f"{others or 'nothing else'}, but log mu is recorded at T = "
+                             f"{self.temperature:g} alone: put every sampling setting in the "
+                             "generation_config this recorder is given, not in generate's keywords")
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(token_logp, entropy), each [batch, max_len], for ``completions``
@@ -132,20 +158,18 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
     return torch.where(all_equal, torch.zeros_like(rewards), (rewards - mean) / (std + std_floor))
 
 
-@torch.inference_mode()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, fast=None,
                       policy_version: int, shared_prefill=True) -> tuple[list[Rollout], dict]:
-    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now) and
-    turn them into Rollouts: per token the behaviour log-prob log mu(o_t), per rollout the reward
-    r and the group-normalized advantage A (the G rollouts of one prompt form its group).
-    prompts: text as the model reads it (chat template, special tokens: add_special_tokens=False);
-    reward_fn(prompt, completion) gets that same text. policy_version: the model's optimizer steps
-    now (no default: a rollout's age counts from it). G = 1 gives A = 0 to every rollout, and tis
-    and ppo learn nothing: a round of only equal-reward groups warns, once. Refused: top_p < 1 (log
-    mu would ignore the nucleus), what in the model's generation_config changes the sampling.
-    fast (a fast_decoding.FastDecoding kept across calls), shared_prefill (each prompt prefilled
-    once: ``prefill_once``): the same samples, faster. Returns (rollouts, prompt-major; stats)."""
+    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now), as
+    Rollouts: per token log mu(o_t); per rollout the reward r and A, normalized in its group of G.
+    prompts: text as the model reads it, special tokens included (``check_bos``); reward_fn(prompt,
+    completion) gets it too. policy_version: the model's optimizer steps now (no default). G = 1:
+    A = 0 for all, and tis and ppo learn nothing (a round of equal-reward groups warns, once).
+    top_p: 1 only, a parameter so that nucleus sampling is refused in one line; refused too: what
+    in the model's generation_config changes the sampling, active dropout in training mode. fast,
+    shared_prefill: the same samples, faster. Returns (rollouts, prompt-major; stats)."""
+    refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -162,10 +186,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
                       "so tis and ppo get no gradient from it"
                       + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
-    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops).
+    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops). Made
+    # out of inference_mode (prompt_ids cloned), they are plain tensors a caller may modify.
     completion_ids, behaviour_logp = completions[mask].split(kept), token_logp[mask].split(kept)
     baselines = rewards.view(-1, G).mean(1).tolist()
-    rollouts = [Rollout(prompt_ids=prompt_ids[i // G], completion_ids=completion_ids[i],
+    rollouts = [Rollout(prompt_ids=prompt_ids[i // G].clone(), completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
                         policy_version=policy_version, baseline=baselines[i // G],
                         temperature=temperature)
@@ -180,6 +205,31 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
+def refuse_active_dropout(model) -> None:
+    """Refuses a model with a module in training mode whose dropout is on (a torch.nn.Dropout of
+    p > 0, an attention layer's attention_dropout > 0): it would sample through dropout, and its
+    tokens' log mu would be of another distribution than the one the loss trains."""
+    for name, module in model.named_modules():
+        p = module.p if isinstance(module, torch.nn.Dropout) else getattr(module,
+                                                                          "attention_dropout", 0)
+        if module.training and isinstance(p, float) and p > 0:
+            raise ValueError(f"the model is in training mode with active dropout ({name}: {p:g}): "
+                             "it would sample through it; call model.eval() before sampling")
+
+
+def check_bos(tokenizer, prompts: list[str]) -> None:
+    """Warns (once per place it is called from) when the tokenizer adds a BOS token to text and a
+    prompt does not begin with it: prompts are tokenized as written (add_special_tokens=False)."""
+    bos = tokenizer.bos_token
+    if bos is None or tokenizer("").input_ids[:1] != [tokenizer.bos_token_id]:
+        return
+    if any(not prompt.startswith(bos) for prompt in prompts):
+        warnings.warn(f"a prompt does not begin with {bos!r}, which this tokenizer adds to text: "
+                      "prompts are tokenized as written, so the model reads it without; begin "
+                      "each with tokenizer.bos_token or use the chat template", stacklevel=3)
+
+
+@torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
                        temperature: float, top_p: float, fast=None, shared_prefill: bool = True):
     """G samples of each prompt (left-padded, so every completion starts at the same column), with
@@ -191,6 +241,7 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     shared_prefill: the prompts' cache is built by ``prefill_once`` (each prompt token through the
     model once), else by ``generate`` from G copies of each prompt; the same distribution.
     """
+    check_bos(tokenizer, prompts)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)        # the prompts carry their own special tokens
     prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
@@ -252,6 +303,7 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
     (``greedy_completions``)."""
     device = next(model.parameters()).device
+    check_bos(tokenizer, prompts)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                   eos_token_id=eos_ids, pad_token_id=pad_id)
@@ -350,10 +402,10 @@ def greedy_completions(model, inputs: dict, cache: dict, gen_config: GenerationC
     eos = torch.tensor(gen_config.eos_token_id, device=ids.device)
     rows, new = list(range(len(ids))), [None] * len(ids)
     config = copy.deepcopy(gen_config)
+    config.return_dict_in_generate = True       # in the config: as a keyword, generate warns
     while True:
         config.max_new_tokens = min(steps, gen_config.max_new_tokens - (ids.shape[1] - L))
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                             return_dict_in_generate=True, **cache)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **cache)
         ids = out.sequences                                  # [rows, L + tokens so far]
         for row, tokens in zip(rows, ids[:, L:].tolist()):
             new[row] = tokens

@@ -81,7 +81,7 @@ class Config:
     max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
     reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
-        "freshest correct (reward > 0) older rollouts; 0 = plain FIFO")
+        "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
         "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
@@ -114,7 +114,8 @@ class Config:
         "counts (comma-separated, ascending; e.g. denser early, to resolve a rise)")
     eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
     device: str = opt("auto", "cpu, cuda, mps or auto")
-    progress: bool = opt(True, "show the progress bar and the start-up summary")
+    progress: bool = opt(True, "show the progress bar and the start-up and end-of-run summaries "
+        "(--no-progress: none of them; metrics.jsonl keeps every figure)")
     plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
     report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
         "folder, or to a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no "
@@ -207,15 +208,17 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                         prompts = draw_prompts(run)                 # P prompts
                         rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
                     add_to_buffer(run, rollouts, gen)               # FIFO; makes K updates due
-                for _ in due_updates(run):      # K, once the buffer holds B (with S: S new)
-                    update(run, sample_batch(run))                  # B sampled -> one step
+                for _ in due_updates(run):      # the K that add_to_buffer made due (held B)
+                    if (sampled := sample_batch(run)) is not None:  # None: too few left
+                        update(run, sampled)                        # B sampled -> one step
                 end_of_round(run)               # eval, progress bar, checkpoint when due
         return finish(run)                      # the last eval and checkpoint, the adapter
 
 
 def rounds(run: Run):
-    """Each round: whether it is a new one (after --resume, a round a stop cut short comes first,
-    its updates or its end still due); after each, a stop saves and exits."""
+    """The loop's `while the budget lasts`, as a generator: yields once per round whether it is a
+    new one (after --resume, a round a stop cut short comes first, its updates or its end still
+    due); after each round, a stop asked for saves and exits (stop_if_asked)."""
     state = run.state
     while state.pending_updates or state.round_end_due or not budget_spent(run):
         yield not (state.pending_updates or state.round_end_due)
@@ -223,7 +226,8 @@ def rounds(run: Run):
 
 
 def due_updates(run: Run):
-    """The round's due updates; before each, a stop saves and exits (the rest after --resume)."""
+    """The loop's `K times`: yields once per update due (state.pending_updates, set to K by
+    add_to_buffer, counted down by update); before each, a stop asked for saves and exits."""
     while run.state.pending_updates:
         stop_if_asked(run)
         yield
@@ -265,6 +269,8 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
     my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
     held = max(my_batch, 0 if state.step else distributed.share_size(cfg.learning_starts))
     fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
+    # with S, store no more than the S new that make the updates due, or than the buffer lacks of
+    # the B it must hold, whichever is more (the rest of the round is dropped, counted); else all
     room = max(my_new - fresh(), held - len(run.buffer)) if cfg.new_per_update else None
     stored = run.buffer.add(rollouts, limit=room)
     run.buffer.drop_stale(state.step)
@@ -281,8 +287,8 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
 
 def sample_batch(run: Run) -> list | None:
     """B rollouts sampled uniformly from the buffer (B/W from each of W processes, their uses
-    counted), or None: too few are left (used once with --no-reuse, or older than --max-age),
-    and the updates due lapse."""
+    counted), or None: too few are left (used once with --no-reuse, or older than --max-age);
+    the updates due then lapse, counted (lapsed_updates, in the end-of-run summary)."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
     my_batch = distributed.share_size(state.round_batch_size)
@@ -291,15 +297,16 @@ def sample_batch(run: Run) -> list | None:
         state.pending_updates = 0
         return None
     cap, held = cfg.generators and cfg.reuse and cfg.max_uses, len(run.buffer)   # async: a cap
-    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None)
+    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None,
+                                policy_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if cap else 0
     return sampled
 
 
-def update(run: Run, sampled: list | None) -> None:
-    """One optimizer step on the sampled rollouts (none: the updates lapsed), its metrics row."""
-    if sampled is None:
-        return
+def update(run: Run, sampled: list) -> None:
+    """One optimizer step on the sampled rollouts, its metrics row. The step is
+    update_step_engineered: replay_rl.update_step as the reader studied it (tested equal), in
+    micro-batches, over processes, in fp16, skipping NaN."""
     cfg, state = run.cfg, run.state
     with report.timed(state, "train"):
         m = replay_rl.update_step_engineered(

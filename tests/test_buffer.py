@@ -190,13 +190,13 @@ def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
     taken with remove, each once, by the uses it had: with the ones still held, every stored one."""
     buf = ReplayBuffer(capacity=10, keep_correct_frac=0.3, max_age=2)
     buf.add([make(i) for i in range(10)])
-    buf.sample(4)                                         # 4 of ids 0..9 used once
+    buf.sample(4, policy_version=0)                       # 4 of ids 0..9 used once
     used = set(ids(r for r in buf.items if r.uses))
     buf.add([make(10), make(11), make(12)])               # evicts ids 0, 2, 4 (see above)
     assert sum(buf.left_by_uses) == 3 and buf.left_by_uses[1:2] == [len(used & {0, 2, 4})]
     buf.add([make(13, version=5)])
     assert buf.drop_stale(policy_version=5) == 9          # all but id 13: older than 2 steps
-    buf.sample(1, remove=True)
+    buf.sample(1, remove=True, policy_version=5)
     assert sum(buf.left_by_uses) == 14 - len(buf) == 14 and len(buf) == 0
     assert buf.left_by_uses == [13 - len(used), len(used) + 1]
 

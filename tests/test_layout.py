@@ -144,7 +144,7 @@ def test_the_method_reads_short_and_the_loop_fits_in_440_lines():
         n for n in ast.parse(open(os.path.join(ROOT, "train.py")).read()).body
         if isinstance(n, ast.FunctionDef) and n.name == "train"))
     order = ["evaluate(run)", "draw_prompts(", "generate(", "add_to_buffer(", "due_updates(",
-             "update(run, sample_batch(run))", "end_of_round(run)", "finish(run)"]
+             "sample_batch(run)", "update(run, sampled)", "end_of_round(run)", "finish(run)"]
     at = [body.index(name, body.index("else:")) for name in order]
     assert at == sorted(at), "train(): the loop's steps out of the README's order"
     assert "class FastDecoding" not in open(os.path.join(ROOT, "rollout.py")).read()

@@ -1,7 +1,10 @@
-"""Issue 53's seven traps, each met by calling the bare function as a person who copies it would:
-without load_policy, without train.py, with hand-built Rollouts. Each one failed silently before."""
+"""Issue 53's seven traps and issue 61's twelve, each met by calling the bare function as a person
+who copies it would: without load_policy, without train.py, with hand-built Rollouts. Each one
+failed silently (or with an obscure error) before."""
 import copy
+import dataclasses
 import math
+import warnings
 
 import pytest
 from conftest import policy_with_an_adapter
@@ -9,9 +12,9 @@ import torch
 from transformers import GenerationConfig
 
 import minimal
-from buffer import Rollout, collate
+from buffer import ReplayBuffer, Rollout, collate
 from replay_rl import completion_logp, load_policy, log_pi_coefficient, policy_loss, update_step
-from rollout import BehaviourLogProbs, generate_rollouts
+from rollout import PLAIN_SAMPLING, BehaviourLogProbs, generate_rollouts
 
 
 @pytest.fixture
@@ -170,3 +173,171 @@ def test_trap7_micro_batch_losses_add_up_to_the_batch_loss_with_its_count():
     assert not torch.allclose(naive_grad, torch.autograd.grad(
         policy_loss(logp, logp.detach(), advantage, mask)[0], logp)[0])
     assert "num_items_in_batch" in policy_loss.__doc__ and "accumulat" in policy_loss.__doc__
+
+
+# ---- Issue 61's twelve traps: each in the function a person copies, called bare ----------------
+def test_issue61_trap1_max_age_acts_at_sampling():
+    """ReplayBuffer(max_age=1) kept ages 0 and 10 alike unless the caller ran drop_stale. Now
+    sample needs the current policy_version when max_age is set, and drops the stale first."""
+    buf = ReplayBuffer(4, max_age=1, seed=0)
+    buf.add([hand_built(1.0, baseline=0.5, temperature=1.0) for _ in range(2)])
+    buf.items[0].policy_version = 0
+    buf.items[1].policy_version = 10
+    with pytest.raises(ValueError, match="max_age 1: pass sample"):
+        buf.sample(1)
+    assert buf.sample(1, policy_version=10)[0].policy_version == 10
+    assert [r.policy_version for r in buf.items] == [10]
+
+
+def test_issue61_trap2_a_rollout_is_equal_to_itself_only():
+    """A default dataclass compared Rollouts field by field, tensors included: `in`, index and
+    remove raised "Boolean value of Tensor ... is ambiguous". Equality is identity now."""
+    a, b = hand_built(1.0, baseline=0.5, temperature=1.0), hand_built(1.0, baseline=0.5,
+                                                                       temperature=1.0)
+    batch = [a, b]
+    assert b in batch and batch.index(b) == 1 and a != b
+    batch.remove(a)
+    assert batch == [b]
+
+
+def test_issue61_trap3_correct_means_the_full_reward_not_above_zero():
+    """Positive-bias retention ranked reward > 0 as correct: two older rollouts rewarded 0.1 were
+    kept and the one rewarded 1.0 evicted. Correct is now reward >= correct_reward (1.0)."""
+    buf = ReplayBuffer(4, keep_correct_frac=0.5, seed=0)
+    right, *rest = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.1, 0.1, 0.0)]
+    buf.add([right, *rest])
+    buf.add([hand_built(0.0, baseline=0.5, temperature=1.0) for _ in range(2)])
+    assert right in buf.items and [r.reward for r in buf.items[:2]] == [1.0, 0.0]
+    partial = ReplayBuffer(4, keep_correct_frac=0.5, seed=0, correct_reward=0.1)
+    partial.add([hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.1, 0.1, 0.0)])
+    partial.add([hand_built(0.0, baseline=0.5, temperature=1.0) for _ in range(2)])
+    assert [r.reward for r in partial.items[:2]] == [0.1, 0.1]
+
+
+def test_issue61_trap4_two_unseeded_buffers_draw_differently():
+    """seed defaulted to 0: two buffers drew the same indices ([4, 0, 7] from both). Unseeded
+    ones now draw from fresh seeds; seeded ones still repeat."""
+    def draw(**seed):
+        buf = ReplayBuffer(100, **seed)
+        buf.add([hand_built(float(i), baseline=0.5, temperature=1.0) for i in range(100)])
+        return [r.reward for r in buf.sample(10)]
+    assert draw() != draw()
+    assert draw(seed=3) == draw(seed=3)
+
+
+def test_issue61_trap5_sampling_with_active_dropout_is_refused(policy, addition):
+    """A model with attention dropout 0.3 in training mode gave is_ratio_mean 0.872 on fresh data,
+    silently: it sampled through dropout. generate_rollouts refuses it; in eval mode it samples."""
+    model, tokenizer = policy
+    attention = next(m for m in model.modules() if hasattr(m, "attention_dropout"))
+    attention.attention_dropout = 0.3
+    model.train()
+    with pytest.raises(ValueError, match="training mode with active dropout .*: 0.3"):
+        generate_rollouts(model, tokenizer, ["12+34="], addition.reward, num_generations=2,
+                          max_new_tokens=3, temperature=1.0, policy_version=0)
+    model.eval()
+    rollouts, _ = generate_rollouts(model, tokenizer, ["12+34="], addition.reward,
+                                    num_generations=2, max_new_tokens=3, temperature=1.0,
+                                    policy_version=0)
+    assert len(rollouts) == 2
+
+
+def test_issue61_trap6_a_sampling_keyword_given_to_generate_is_refused(policy):
+    """generate(temperature=0.5) with a recorder built for T = 1 recorded log mu at the wrong T,
+    silently. The recorder now reads, at its first call, the processors generate runs beside it."""
+    model, tokenizer = policy
+    config = GenerationConfig(**PLAIN_SAMPLING, temperature=1.0, max_new_tokens=3,
+                              eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    enc = tokenizer(["12+34="], return_tensors="pt", add_special_tokens=False)
+    for keywords, said in [({"temperature": 0.5}, r"temperature \[0.5\]"),
+                           ({"top_k": 5}, "TopKLogitsWarper")]:
+        with pytest.raises(ValueError, match=said):
+            model.generate(**enc, generation_config=config, **keywords,
+                           logits_processor=[BehaviourLogProbs(model, config)])
+    model.generate(**enc, generation_config=config, logits_processor=[BehaviourLogProbs(model,
+                                                                                         config)])
+
+
+def test_issue61_trap7_rollouts_hold_tensors_a_caller_can_modify(policy, addition):
+    """Rollouts held inference tensors (made under torch.inference_mode): clamp_ raised."""
+    model, tokenizer = policy
+    rollouts, _ = generate_rollouts(model, tokenizer, ["12+34="], addition.reward,
+                                    num_generations=2, max_new_tokens=3, temperature=1.0,
+                                    policy_version=0)
+    for r in rollouts:
+        r.behaviour_logp.clamp_(min=-5.0)
+        r.prompt_ids.add_(0)
+        r.completion_ids.add_(0)
+        assert not torch.is_inference(r.behaviour_logp)
+
+
+def test_issue61_trap8_a_prompt_without_the_bos_its_tokenizer_adds_is_warned_of(policy, addition):
+    """Prompts are tokenized as written (add_special_tokens=False): raw text for a tokenizer that
+    adds a BOS reached the model without it, silently. Now a warning names it."""
+    from tokenizers.processors import TemplateProcessing
+    model, tokenizer = policy
+    with_bos = copy.deepcopy(tokenizer)
+    with_bos.add_special_tokens({"bos_token": "<s>"})
+    with_bos._tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", with_bos.bos_token_id)])
+    sample = lambda prompts, tok: generate_rollouts(model, tok, prompts, addition.reward,
+                                                    num_generations=2, max_new_tokens=2,
+                                                    temperature=1.0, policy_version=0)
+    with pytest.warns(UserWarning, match="does not begin with '<s>'"):
+        sample(["12+34="], with_bos)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*does not begin with")
+        sample(["12+34="], tokenizer)        # no BOS added by this one: nothing to say
+
+
+def test_issue61_trap9_completion_logp_refuses_another_layout(policy):
+    """completion_logp reads collate's layout; its only guard was the temperature key. Cols
+    missing a key, or a completion_mask as wide as the sequence, now raise one line."""
+    model, _ = policy
+    cols = collate([hand_built(1.0, baseline=0.5, temperature=1.0)], pad_id=0)
+    for broken in ({k: v for k, v in cols.items() if k != "position_ids"},
+                   {**cols, "completion_mask": torch.ones_like(cols["input_ids"])}):
+        with pytest.raises(ValueError, match="collate's layout"):
+            completion_logp(model, broken)
+    completion_logp(model, cols)
+
+
+def test_issue61_trap10_the_kl_term_needs_a_peft_model(policy):
+    """beta > 0 called disable_adapter, which only PEFT models have: an AttributeError deep in the
+    step. Refused in one line by batch_loss (and so update_step)."""
+    model, tokenizer = policy
+    bare = model.get_base_model()
+    rollouts = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.0)]
+    optimizer = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-3)
+    with pytest.raises(ValueError, match="beta 0.1 > 0: .*disable_adapter"):
+        update_step(bare, optimizer, rollouts, pad_id=0, policy_version=0, beta=0.1)
+
+
+def test_issue61_trap11_help_shows_the_models_own_defaults(capsys):
+    """`--model smollm2 --help` showed the demo's defaults (temperature 1.0; it runs at 0.7)."""
+    import train
+    with pytest.raises(SystemExit):
+        train.parse_config(["--model", "smollm2", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--temperature FLOAT sampling temperature" in shown
+    assert "(smollm2's default: 0.7)" in shown and "(smollm2's default: sums)" in shown
+    with pytest.raises(SystemExit):
+        train.parse_config(["--help"])
+    assert "(smollm2's default" not in capsys.readouterr().out
+
+
+def test_issue61_trap12_no_progress_hides_what_its_help_says(capsys):
+    """--no-progress said it hid the start-up summary; it hid the end-of-run summary too. The help
+    now names both, and the behaviour is that."""
+    import report
+    import train
+    from checkpoint import LoopState
+    help_text = next(f.metadata["help"] for f in dataclasses.fields(train.Config)
+                     if f.name == "progress")
+    assert "start-up and end-of-run summaries" in help_text
+    state = LoopState(first_accuracy=0.3, last_accuracy=0.5)
+    report.summary(train.Config(progress=False), state, "runs/x")
+    assert capsys.readouterr().out == ""
+    report.summary(train.Config(), state, "runs/x")
+    assert "eval accuracy: 0.300 at step 0 -> 0.500" in capsys.readouterr().out
