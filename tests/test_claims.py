@@ -161,7 +161,7 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
     known = set()
     for name in ("smollm2_filtered.json", "smollm2_filtered_half.json", "smollm2_y4.json",
                  "default_lr1e-3_early.json", "tuned_early.json", "async_demo.json",
-                 "async_demo_lr1e-3.json", "async_smollm2.json"):
+                 "async_demo_lr1e-3.json", "async_smollm2.json", "async_demo_fair.json"):
         stated_figures(claims.read(f"docs/results/{name}"), known)
     known |= per_seed_final_differences("async_smollm2.json")
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
