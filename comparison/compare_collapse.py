@@ -5,7 +5,8 @@ before the first run.
 
     python comparison/compare_collapse.py --print     # the compare.py command, nothing run
     python comparison/compare_collapse.py             # 4 arms x 3 seeds, two runs at a time
-    python comparison/compare_collapse.py --verdict   # the plan's verdict, from the records
+    python comparison/compare_collapse.py --verdict   # the plan's verdict, from the records:
+                                                      # docs/results/smollm2_collapse.json, .png
 
 Every arm: SmolLM2-135M-Instruct, --task sums, one prompt a round (P = 1) of G = 4 at T = 0.7, no
 zero-advantage filter, B = 16, lr 2.5e-4, 6,000 generated tokens, greedy evals on 100 fixed
@@ -64,6 +65,40 @@ def compare_argv() -> list[str]:
                    "--output-dir", "runs/smollm2_collapse"]
 
 
+def traces(record_path: str) -> dict:
+    """A run's step rows over generated tokens: approx_kl, the sampling entropy of the round, the
+    largest importance ratio, the truncated (tis) or clipped (ppo) share."""
+    with gzip.open(record_path[:-len(".json")] + ".metrics.jsonl.gz", "rt") as f:
+        steps = [r for r in map(json.loads, f) if "loss" in r]
+    return {k: [r.get(key, 0.0) for r in steps] for k, key in (
+        ("tokens", "gen_tokens"), ("kl", "approx_kl"), ("entropy", "rollout_entropy"),
+        ("is_ratio_max", "is_ratio_max"), ("truncated", "is_truncated_frac"))}
+
+
+def plot(fig: dict, path: str) -> None:
+    """Accuracy at the evals, approx_kl and the sampling entropy at each step, over generated
+    tokens: one panel each, one colour an arm, one line a seed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = plt.subplots(1, 3, figsize=(15, 4))[1]
+    for colour, (arm, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], fig.items()):
+        for i, r in enumerate(runs):
+            label = arm if i == 0 else None
+            panels[0].plot(r["eval_tokens"], r["evals"], color=colour, label=label, alpha=0.8)
+            panels[1].plot(r["trace"]["tokens"], r["trace"]["kl"], color=colour, alpha=0.8)
+            panels[2].plot(r["trace"]["tokens"], r["trace"]["entropy"], color=colour, alpha=0.8)
+    for ax, title in zip(panels, ("eval accuracy (greedy, 100 prompts)",
+                                  "approx_kl, KL(mu || pi_theta) on the batch (log scale)",
+                                  "sampling entropy of the round (nats/token)")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("generated tokens")
+    panels[1].set_yscale("symlog", linthresh=0.01)
+    panels[0].legend(fontsize=8)
+    plt.tight_layout()
+    plt.savefig(path, dpi=80)
+
+
 def run_figures(record_path: str) -> dict:
     """One run's figures for the verdict, from its record and the metrics rows beside it."""
     record = json.load(open(record_path))
@@ -73,7 +108,9 @@ def run_figures(record_path: str) -> dict:
     acc = [e["eval_accuracy"] for e in record["evals"]]
     kl = [r.get("approx_kl", 0.0) for r in steps]
     rise = next((i + 1 for i, k in enumerate(kl) if k > KL_RISE), None)
-    return {"seed": record["config"]["seed"], "evals": acc, "final2": statistics.fmean(acc[-2:]),
+    return {"seed": record["config"]["seed"], "evals": acc, "trace": traces(record_path),
+            "eval_tokens": [e["gen_tokens"] for e in record["evals"]],
+            "final2": statistics.fmean(acc[-2:]),
             "collapsed": statistics.fmean(acc[-2:]) <= START + BAND, "steps": len(steps),
             "kl_max": max(kl), "kl_mean": statistics.fmean(kl), "kl_rise_step": rise,
             "tokens_at_kl_rise": steps[rise - 1]["gen_tokens"] if rise else None,
@@ -139,8 +176,15 @@ def main(argv=None):
         for arm, runs in fig.items():
             for r in runs:
                 print(arm, json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                                       for k, v in r.items() if k != "evals"}))
-        print("\n".join(verdict(fig)))
+                                       for k, v in r.items() if k not in ("evals", "trace",
+                                                                          "eval_tokens")}))
+        lines = verdict(fig)
+        print("\n".join(lines))
+        out = os.path.join(ROOT, "docs", "results", "smollm2_collapse")
+        with open(out + ".json", "w") as f:
+            json.dump({"plan": "docs/plans/smollm2_collapse.md", "records": RECORDS,
+                       "verdict": lines, "runs": fig}, f, indent=1)
+        plot(fig, out + ".png")
         return fig
     import compare
     return compare.print_or_run(compare_argv(), args.print)
