@@ -17,7 +17,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                # the project's modules (curves.py)
 
-import curves  # noqa: E402
+from infra import curves  # noqa: E402
 
 
 def run_names(run_dirs: list[str]) -> list[str]:

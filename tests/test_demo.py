@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-import demo_model
+from infra import demo_model
 import tasks
 
 
