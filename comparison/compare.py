@@ -114,7 +114,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                # the project's modules (train.py, cli.py, ...)
+sys.path.insert(0, ROOT)                # the project's modules (train.py, infra/, ...)
 
 from infra import cli  # noqa: E402
 from infra import runfolder  # noqa: E402

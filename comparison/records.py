@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                # the project's modules (train.py, runfolder.py, ...)
+sys.path.insert(0, ROOT)                # the project's modules (train.py, infra/, ...)
 
 from infra import cli  # noqa: E402
 from infra import runfolder  # noqa: E402

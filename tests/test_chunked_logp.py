@@ -216,7 +216,7 @@ def test_a_chunk_below_one_token_and_another_temperature_are_refused(models):
         chunked_completion_logp(model, cols, 0.7, 0)
     with pytest.raises(ValueError, match="temperature 0.7 but log pi_theta is taken at 1"):
         chunked_completion_logp(model, cols, 1.0)
-    from replay_rl import _HeadLogp            # copied alone, it refuses a head it would not train
+    from infra.engineered_update import _HeadLogp    # copied alone, it refuses a head it would not train
     with pytest.raises(ValueError, match="gives the lm_head no gradient"):
         _HeadLogp.apply(torch.randn(3, 4), torch.randn(5, 4, requires_grad=True), None,
                         torch.tensor([0, 1, 2]), 1.0, 2)
