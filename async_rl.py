@@ -26,66 +26,57 @@ the synchronous loop (a check of exactness, not a way to train). Async runs are 
 bit-reproducible: which version a worker samples with, and which rounds arrive before a step,
 depend on how fast each process runs.
 
-The two loops come first (``train_async``, ``worker_loop``); below them, the processes, queues and
-weight sharing (``Generators`` on the trainer's side, ``WorkerLink`` on a worker's). A worker never
-writes into the run folder and never saves: it ignores Ctrl-C (the trainer stops it), dies with the
-trainer (Linux), and reports a failure to the trainer as one line, which stops the run after a
-checkpoint.
+The two loops come first (``train_async``, ``worker_loop``), then the trainer's rules (when to
+order a round, when a step is due, when the run is over). The processes, queues and weight sharing
+sit in infra/workers.py (``Generators`` on the trainer's side, ``WorkerLink`` on a worker's).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
-import multiprocessing
-import os
-import queue
-import signal
-import threading
-import time
-import types
 
-import torch
-
-import distributed
-import loading
-import report
 import rollout
-import stopping
 from buffer import Rollout
+from infra import report
+from infra.round_end import end_of_round, evaluate
+from infra.workers import Generators
 
 
 # ---- the two loops ---------------------------------------------------------------------------
-def train_async(run, sample_batch, update, evaluate, end_of_round) -> None:
-    """The trainer: take what the workers pushed, add it to the buffer, step when a step is due.
-    train.py's steps: sample_batch(run) (B from the buffer, or None), update(run, sampled) (one
-    optimizer step), evaluate(run), end_of_round(run) (eval and checkpoint when due). Returns when
-    the budget is in or a stop was asked (the caller saves)."""
-    cfg, state = run.cfg, run.state
-    with Generators(run) as workers:            # the processes; all stopped on the way out
-        workers.publish(run.model, state.step)
+def train_async(run, sample_batch, take_step) -> None:
+    """The trainer, the README's async box: publish the weights, evaluate; then until the budget is
+    in: order rounds while the buffer has room, add what arrived, step when due, publish, eval and
+    save when due. train.py's steps: sample_batch(run, B) (B from the buffer, or None), and
+    take_step(run, sampled, B) (update_step, timed and recorded). Returns when the budget is in or
+    a stop was asked (the caller saves)."""
+    cfg, state, B = run.cfg, run.state, run.cfg.batch_size
+    with Generators(run, worker_loop) as workers:   # the processes; all stopped on the way out
+        workers.publish(run.model, state.step)      # the weights the first rounds sample with
         if state.first_accuracy is None:
-            evaluate(run)                       # step 0, while the workers load their models
+            evaluate(run)                           # step 0, while the workers load their models
         while not finished(run, workers) and not run.stop.requested():
-            workers.order(run)                  # rounds for the workers, while the buffer has room
-            if not state.round_end_due and (arrived := workers.take_round(   # the last one ended
-                    wait=not step_due(run, workers))):  # blocks for a round only if no step is due
-                store(run, *arrived)            # all its rollouts into the buffer; steps now due
-            if step_due(run, workers) and (sampled := take_batch(run, sample_batch)):
-                workers.order(run)              # the room it freed: generated during the step
-                workers.account(state)          # the time split, into this step's metrics row
-                update(run, sampled)            # one optimizer step
+            order_rounds(run, workers)              # P prompts a round, while N has room
+            # the trainer waits for a round only when no step is due
+            if not state.round_end_due and (arrived := workers.take_round(
+                    wait=not step_due(run, workers))):
+                store(run, *arrived)                # buffer.add(every rollout that arrived)
+            if step_due(run, workers) and (sampled := take_batch(run, sample_batch, B)):
+                order_rounds(run, workers)          # the room it freed: generated during the step
+                workers.account(state)              # the time split, into this step's metrics row
+                take_step(run, sampled, B)          # one optimizer step: the policy's version + 1
+                state.pending_updates -= 1          # one step due fewer
                 if state.step % cfg.sync_every == 0:
                     workers.publish(run.model, state.step)
             if state.round_end_due and not (state.pending_updates and step_due(run, workers)):
-                workers.account(state)          # the round's due steps taken (or none can be):
-                end_of_round(run)               # eval, progress bar, checkpoint
+                workers.account(state)              # the round's due steps taken (or none can be):
+                end_of_round(run)                   # eval, progress bar, checkpoint
 
 
-def worker_loop(model, tokenizer, reward_fn, cfg, link: WorkerLink) -> None:
-    """A worker: for each order, the newest weights, one round of rollouts, pushed. cfg: the run's
-    Config with max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream
-    (worker_main seeds it: two workers with one stream would sample the same completions)."""
+def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
+    """A worker: for each order, the newest weights, one round of rollouts, pushed. It waits twice:
+    for an order (the trainer gives none while the buffer has no room for a round unused) and, past
+    --max-lag steps behind the trainer, for newer weights. cfg: the run's Config with
+    max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream (workers.py's
+    worker_main seeds it: two workers with one stream would sample the same completions)."""
     if not cfg.max_new_tokens > 0:
         raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
@@ -122,13 +113,13 @@ def store(run, rollouts: list[Rollout], gen: dict) -> None:
                            **report.buffer_counts(run.buffer, state)})
 
 
-def take_batch(run, sample_batch):
-    """sample_batch(run). With S = 0 (no --lockstep) the paper's rule acts here: a step is always
-    due, so one update is set due and new_since_step (read by `finished`) reset to 0."""
+def take_batch(run, sample_batch, B: int):
+    """sample_batch(run, B). With S = 0 (no --lockstep) the paper's rule acts here: a step is
+    always due, so one update is set due and new_since_step (read by `finished`) reset to 0."""
     state = run.state
     if not (run.cfg.new_per_update or run.cfg.lockstep):
         state.pending_updates, state.new_since_step = 1, 0
-    return sample_batch(run)
+    return sample_batch(run, B)
 
 
 def step_due(run, workers) -> bool:
@@ -174,247 +165,6 @@ def room_for_a_round(run, outstanding: int) -> bool:
     return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])
 
 
-# ---- the trainer's side of the processes ---------------------------------------------------------
-class WorkerFailed(SystemExit):
-    """A generation worker that raised, exited, was killed or gave no sign of life: the run ends
-    with this one line, after the trainer saved its checkpoint (stopping.StopRequest.keeping:
-    every ending saves), with exit code ``status`` (a reward's own sys.exit code, else 1)."""
-
-    def __init__(self, line: str, status: int = 1):
-        super().__init__(line)
-        self.status = status
-
-
-class Generators:
-    """The worker processes, from the trainer's side: orders out, rounds in, weights published.
-
-    Orders carry the prompts (drawn from the run's prompt stream, here, so a checkpoint keeps it),
-    only while the buffer has room for their rollouts unused, and at most rounds_ahead of them on
-    their way. A round on its way when the run stops is dropped: its tokens were never counted, and
-    a resume orders it again."""
-
-    def __init__(self, run):
-        self.run, self.cfg, self.n_workers = run, run.cfg, run.cfg.generators
-        self.outstanding = 0                    # rounds ordered, not yet arrived
-        self.ahead = rounds_ahead(self.n_workers, self.cfg.batch_size, self.cfg.rollouts_per_round)
-        self.seen = [[0.0] * 4 for _ in range(self.n_workers)]     # each worker's times so far
-        self.ready = set()                      # the workers that have loaded their model
-        self.clock = None                       # when the last of them was ready
-        self.delivered = False                  # a round has arrived (in this process)
-        self.resumed_at = time.monotonic()      # the end of the last pause (evals): no beats then
-        self.procs = []
-
-    def __enter__(self):
-        ctx = multiprocessing.get_context("spawn")      # a fresh interpreter: no handler, no lock
-        self.weights = shared_weights(trainable(self.run.model))
-        stopping.quiet_resource_tracker()       # before the launcher: it outlives a killed trainer
-        self.undo_launcher = stopping.dying_with_trainer(ctx)
-        self.version = ctx.Value("q", -1)               # the published weights' policy_version
-        self.trainer_step = ctx.Value("q", 0)
-        self.lock = ctx.Lock()
-        self.orders, self.results = ctx.Queue(), ctx.Queue()
-        self.beats = ctx.Array("d", [time.monotonic()] * self.n_workers)   # each one's last sign
-        self.paused_seconds = ctx.Value("d", 0.0)       # evals so far: off the workers' clocks
-        devices = worker_devices(self.cfg)
-        threads = threads_each(self.n_workers, devices[0])
-        if not devices[0].startswith("cuda"):
-            torch.set_num_threads(threads)              # the trainer's share of the cores
-        # no run folder: a worker writes nothing there, and knows not where it is
-        config = {**dataclasses.asdict(self.cfg), "progress": False, "resume": "", "output_dir": ""}
-        # Ctrl-C held back, not ignored: the trainer's arrives once they are started, and the
-        # workers, which inherit the mask, never see one (worker_main ignores it, then unblocks)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            for i in range(self.n_workers):
-                p = ctx.Process(target=worker_main, name=f"generation worker {i}", daemon=True,
-                                args=(i, config, devices[i], threads, os.getpid(), self.orders,
-                                      self.results, self.weights, self.version,
-                                      self.trainer_step, self.lock, self.beats,
-                                      self.paused_seconds))
-                p.start()
-                self.procs.append(p)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        self.run.pause_workers = self.paused
-        return self
-
-    def __exit__(self, *exc):
-        self.run.pause_workers = contextlib.nullcontext
-        self.account(self.run.state)
-        self.stop()
-        return False
-
-    @contextlib.contextmanager
-    def paused(self):
-        """No worker generates while the trainer evaluates (off the wall clock): each that has
-        loaded its model (one still loading has no order to work on) is stopped (SIGSTOP) and
-        continued after, and the seconds it was stopped come off its own times, so no generation
-        goes unclocked."""
-        start = time.perf_counter()
-        loading = [p for i, p in enumerate(self.procs) if i not in self.ready]
-        stalled = [p for p in self.procs if stopping.stopped(p.pid)]     # by someone else: left so
-        self.signal_all(signal.SIGSTOP, but=loading)
-        try:
-            yield
-        finally:                                # counted before they go on, which read it
-            with self.paused_seconds.get_lock():
-                self.paused_seconds.value += time.perf_counter() - start
-            self.signal_all(signal.SIGCONT, but=loading + stalled)
-            self.resumed_at = time.monotonic()
-
-    def signal_all(self, signum, but=()) -> None:
-        for p in self.procs:
-            if p not in but:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signum)
-
-    def publish(self, model, step: int) -> None:
-        """The adapter's weights (LoRA only), for the workers to load before their next round."""
-        with self.lock:
-            offset = 0
-            for p in trainable(model):
-                self.weights[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
-                offset += p.numel()
-            self.version.value = step
-        self.trainer_step.value = step
-
-    def order(self, run) -> None:
-        """Orders for the workers: a round's prompts each, while the buffer has room for them
-        unused and the budget is not spent. If the trainer has nothing to do without one (no step
-        due, nothing on its way) it orders anyway: an unused rollout evicted is counted
-        (left_by_uses), where waiting for room would never end."""
-        self.trainer_step.value = run.state.step
-        cfg = self.cfg
-        while (self.outstanding < self.ahead
-               and not budget_spent_with(run, self.outstanding)
-               and (room_for_a_round(run, self.outstanding)
-                    or (self.outstanding == 0 and not step_due(run, self)))):
-            if cfg.lockstep and (self.outstanding or self.version.value < run.state.step
-                                 or run.state.pending_updates):
-                return                          # the weights of every step before it, published
-            prompts = run.rng.sample(run.task.train_prompts, cfg.prompts_per_round)
-            self.orders.put(prompts)
-            self.outstanding += 1
-
-    def take_round(self, wait: bool):
-        """The next round a worker pushed, as (rollouts, figures), or None: none has arrived (with
-        ``wait``: none arrived before a stop). While it waits, it checks that every worker lives."""
-        state, start = self.run.state, time.perf_counter()
-        self.check_alive()
-        while True:
-            try:
-                message = self.results.get(timeout=0.05) if wait else self.results.get_nowait()
-            except queue.Empty:
-                if not wait or self.run.stop.requested():
-                    message = None
-                    break
-                self.check_alive()
-                continue
-            if message[0] != "ready":
-                break
-            self.ready.add(message[1])  # a worker loaded its model: the clock starts with the last
-            if len(self.ready) == self.n_workers:
-                self.run.report.restart_clock(state)
-                self.clock = time.perf_counter()
-        if wait and self.clock is not None:
-            state.trainer_wait_seconds += time.perf_counter() - max(start, self.clock)
-        if message is None:
-            return None
-        if message[0] == "failed":
-            raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}", message[3])
-        _, i, packed, gen, times = message
-        self.delivered = True
-        # a worker's times since it started: waiting for weights, for room; generating (wall,
-        # CPU); the loop state keeps their sums over the workers
-        new = [now - before for now, before in zip(times, self.seen[i])]
-        self.seen[i] = times
-        state.worker_weights_wait_seconds += new[0]
-        state.worker_room_wait_seconds += new[1]
-        state.gen_seconds += new[2]
-        state.gen_cpu_seconds += new[3]
-        self.outstanding -= 1
-        return unpack(packed), gen
-
-    def check_alive(self) -> None:
-        """WorkerFailed if a worker has ended (with the line it sent, else how it ended) or has
-        given no sign of life for --worker-timeout seconds (stopped, or hung with the GIL held)."""
-        now, limit = time.monotonic(), self.cfg.worker_timeout
-        for i, p in enumerate(self.procs):
-            silent = now - max(self.beats[i], self.resumed_at)
-            if p.exitcode is None and limit and silent > limit:
-                raise WorkerFailed(f"generation worker {i} (pid {p.pid}) gave no sign of life for "
-                                   f"{silent:.0f} s (--worker-timeout {limit:g}): stopped "
-                                   "(SIGSTOP, a debugger) or hung")
-            if p.exitcode is None:
-                continue
-            try:                                # a worker that failed sent why, then exited
-                while (message := self.results.get(timeout=1.0))[0] != "failed":
-                    pass
-                raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}",
-                                   message[3])
-            except queue.Empty:
-                how = (f"killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
-                       else f"exited with code {p.exitcode}")
-                raise WorkerFailed(f"generation worker {i} (pid {p.pid}) {how}") from None
-
-    def account(self, state) -> None:
-        """The wall clock brought up to now (report.Report.tick: from the moment every worker had
-        loaded its model, evals excluded), and the async figures of the next metrics row into its
-        round_stats: the shares of wall time the trainer waited for
-        rollouts and the workers (on average) for weights or for room; rollouts generated, stored
-        and trained on per wall second."""
-        self.run.report.tick(state)     # the wall clock: since every worker is ready
-        wall, n = max(state.wall_seconds, 1e-9), self.n_workers
-        state.round_stats.update({
-            "trainer_wait_seconds": state.trainer_wait_seconds,
-            "worker_weights_wait_seconds": state.worker_weights_wait_seconds,
-            "worker_room_wait_seconds": state.worker_room_wait_seconds,
-            "trainer_wait_frac": state.trainer_wait_seconds / wall,
-            "worker_weights_wait_frac": state.worker_weights_wait_seconds / n / wall,
-            "worker_room_wait_frac": state.worker_room_wait_seconds / n / wall,
-            "generated_per_s": state.rollouts_generated / wall,
-            "stored_per_s": state.rollouts_stored / wall,
-            "trained_per_s": state.rollouts_trained / wall})
-
-    def stop(self) -> None:
-        """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL; then what
-        they started (a reward's forked child: each worker leads a process group of its own)."""
-        self.signal_all(signal.SIGCONT)         # a stopped worker cannot act on what follows
-        for _ in self.procs:
-            try:
-                self.orders.put_nowait(None)
-            except (ValueError, OSError):
-                pass
-        deadline = time.monotonic() + 2.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        for q in (self.orders, self.results):
-            q.cancel_join_thread()
-            q.close()
-        self.undo_launcher()
-
-
-def shared_weights(params: list[torch.Tensor]) -> torch.Tensor:
-    """A flat tensor in shared memory for the adapter's weights, which the workers read. Shared
-    memory is a file (/dev/shm): a file-size limit below it (ulimit -f) is named as the cause."""
-    size = sum(p.numel() for p in params)
-    try:
-        return torch.zeros(size).share_memory_()
-    except RuntimeError as e:
-        raise SystemExit(f"error: sharing the adapter's weights with the workers ({4 * size:,} "
-                         f"bytes in shared memory, a file) failed: {e}; a file-size limit "
-                         f"(ulimit -f) below that stops it: raise the limit, or run without "
-                         "--generators") from None
-
 
 def budget_spent_with(run, outstanding: int) -> bool:
     """The budget spent once the rounds on their way arrive (rounds; tokens as counted so far)."""
@@ -423,178 +173,22 @@ def budget_spent_with(run, outstanding: int) -> bool:
             or 0 < cfg.max_gen_tokens <= state.gen_tokens)
 
 
-def trainable(model) -> list[torch.Tensor]:
-    """The LoRA weights, in one order in every process (the same model built the same way)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def worker_devices(cfg) -> list[str]:
-    """Each worker's device: --generator-devices, else the trainer's (one GPU is shared)."""
-    if cfg.generator_devices:
-        devices = [d.strip() for d in cfg.generator_devices.split(",")]
-        return [devices[i % len(devices)] for i in range(cfg.generators)]
-    return [distributed.pick_device(cfg.device)] * cfg.generators
-
-
-def threads_each(n_workers: int, device: str) -> int:
-    """CPU threads for each of the n_workers + 1 processes: the cores shared out (at least one);
-    two torch processes with all the cores each slow each other many times over."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // (n_workers + 1))
-
-
-# ---- packing a round to send: plain lists and numbers (no shared-memory tensors to outlive) ----
-def pack(rollouts: list[Rollout]) -> list[dict]:
-    return [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(Rollout)},
-             "prompt_ids": r.prompt_ids.tolist(), "completion_ids": r.completion_ids.tolist(),
-             "behaviour_logp": r.behaviour_logp.tolist()} for r in rollouts]
-
-
-def unpack(packed: list[dict]) -> list[Rollout]:
-    return [Rollout(**{**d, "prompt_ids": torch.tensor(d["prompt_ids"], dtype=torch.long),
-                       "completion_ids": torch.tensor(d["completion_ids"], dtype=torch.long),
-                       "behaviour_logp": torch.tensor(d["behaviour_logp"], dtype=torch.float32)})
-            for d in packed]
-
-
-# ---- a worker's side ----------------------------------------------------------------------------
-class WorkerLink:
-    """A worker's ends of the queues and of the shared weights, and its waiting times."""
-
-    def __init__(self, index, orders, results, weights, version, trainer_step, lock, parent,
-                 cfg, fast=None, paused=None):
-        self.index, self.orders, self.results = index, orders, results
-        self.weights, self.version, self.trainer_step, self.lock = (weights, version, trainer_step,
-                                                                    lock)
-        self.parent, self.cfg, self.fast = parent, cfg, fast
-        self.paused = paused                    # seconds the trainer has held the workers stopped
-        self.loaded = -1                        # the policy_version of the weights in the model
-        self.times = [0.0] * 4      # seconds waiting for weights, for room; generating: wall, CPU
-        self.reward_errors = 0
-        self.started = self.started_cpu = 0.0
-
-    def clock(self) -> float:
-        """A clock that stands still while the trainer holds the workers stopped (its evals)."""
-        return time.perf_counter() - (self.paused.value if self.paused is not None else 0.0)
-
-    def next_order(self):
-        """The next order's prompts (waiting for one: the buffer has no room), or None: stop."""
-        start = self.clock()
-        while True:
-            try:
-                prompts = self.orders.get(timeout=0.5)
-                break
-            except queue.Empty:
-                self.check_parent()
-        self.times[1] += self.clock() - start
-        return prompts
-
-    def load_weights(self, model) -> int:
-        """The newest published weights into the model; their version. More than --max-lag steps
-        behind the trainer, it waits for newer ones first."""
-        start = self.clock()
-        lag = self.cfg.max_lag
-        while (self.version.value < 0
-               or (lag and self.trainer_step.value - self.version.value > lag)):
-            time.sleep(0.01)
-            self.check_parent()
-        if self.version.value != self.loaded:
-            with self.lock:
-                offset = 0
-                for p in trainable(model):
-                    p.data.copy_(self.weights[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()
-                self.loaded = self.version.value
-        self.times[0] += self.clock() - start
-        self.started, self.started_cpu = self.clock(), time.process_time()
-        return self.loaded
-
-    def push(self, rollouts: list[Rollout], gen: dict) -> None:
-        self.times[2] += self.clock() - self.started
-        self.times[3] += time.process_time() - self.started_cpu
-        errors, self.reward_errors = self.reward_errors, 0
-        figures = {k: v for k, v in gen.items() if k != "completions"}
-        self.results.put(("round", self.index, pack(rollouts), {**figures, "reward_errors": errors},
-                          list(self.times)))
-
-    def check_parent(self) -> None:
-        if os.getppid() != self.parent:         # the trainer is gone (where PDEATHSIG is not)
-            os._exit(1)
-
-
-def worker_main(index, config, device, threads, parent, orders, results, weights, version,
-                trainer_step, lock, beats, paused) -> None:
-    """A worker process: quiet, its own threads, its own policy; then worker_loop. Any failure is
-    sent to the trainer as one line (the worker writes nothing else anywhere)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the trainer stops the run, and it
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})     # held back while starting
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    stopping.die_with_parent()
-    os.setpgid(0, 0)            # a group of its own: the trainer ends what a reward forks, too
-    threading.Thread(target=heartbeat, args=(beats, index), daemon=True).start()
-    torch.set_num_threads(threads)
-    try:
-        report.quiet_libraries()
-        cfg = types.SimpleNamespace(**config)
-        task = loading.load_task(cfg)
-        # seeded as the synchronous loop's process (LoRA init, then sampling): worker 0 in
-        # --lockstep samples what train.py without workers samples; the others, streams of their own
-        model, tokenizer, task = loading.load_model(cfg, task, device, rank=0)
-        if index:
-            torch.manual_seed(cfg.seed + 1000 * index)
-        cfg.max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
-        fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
-            else None
-        link = WorkerLink(index, orders, results, weights, version, trainer_step, lock, parent,
-                          cfg, fast, paused)
-        results.put(("ready", index))
-        reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
-        counted = CountingReward(reward, link)
-        worker_loop(model, tokenizer, counted, cfg, link)
-    except BaseException as e:                  # SystemExit too: a one-line exit of loading.py
-        said = getattr(e, "code", None) if isinstance(e, SystemExit) else (
-            str(e) if isinstance(e, (loading.RewardError, RewardExit)) else None)   # one line
-        words = (str(said) if said is not None else f"{type(e).__name__}: {e}").strip().splitlines()
-        line = words[0] if words else type(e).__name__
-        try:
-            results.put(("failed", index, line.removeprefix("error: "),
-                         e.status if isinstance(e, RewardExit) else 1))
-            results.close()
-            results.join_thread()
-        finally:
-            os._exit(1)
-    os._exit(0)
-
-
-class RewardExit(Exception):
-    """A reward that called sys.exit in a worker: the line names it and the prompt, and the run
-    exits with its code, as the synchronous loop would."""
-
-    def __init__(self, prompt: str, code):
-        super().__init__(f"the reward function called sys.exit({code!r}) on prompt {prompt!r}")
-        self.status = code if isinstance(code, int) and code else 1
-
-
-class CountingReward:
-    """The checked reward, its errors (scored 0 with --on-reward-error zero) counted per round."""
-
-    def __init__(self, reward, link: WorkerLink):
-        self.reward, self.link = reward, link
-
-    def __call__(self, prompt: str, completion: str) -> float:
-        before = self.reward.errors
-        try:
-            value = self.reward(prompt, completion)
-        except SystemExit as e:
-            raise RewardExit(prompt, e.code) from None
-        self.link.reward_errors += self.reward.errors - before
-        return value
-
-
-def heartbeat(beats, index: int) -> None:
-    """A worker's sign of life, every half second, from a thread of its own: it stops only when
-    the whole process does (SIGSTOP, a debugger) or its main thread holds the GIL throughout."""
-    while True:
-        beats[index] = time.monotonic()
-        time.sleep(0.5)
+def order_rounds(run, workers) -> None:
+    """Orders for the workers, a round's P prompts each (drawn from the run's prompt stream, here,
+    so a checkpoint keeps it): while the buffer has room for their rollouts unused
+    (room_for_a_round), at most rounds_ahead of them on their way, until the budget is in. A worker
+    without an order waits: its wait for room. If the trainer has nothing to do without one (no
+    step due, nothing on its way) it orders anyway: an unused rollout evicted is counted
+    (left_by_uses), where waiting for room would never end. --lockstep: one round at a time, once
+    the weights of every step before it are published."""
+    cfg, state = run.cfg, run.state
+    workers.trainer_at(state.step)              # a worker past --max-lag waits on it
+    ahead = rounds_ahead(cfg.generators, cfg.batch_size, cfg.rollouts_per_round)
+    while (workers.outstanding < ahead
+           and not budget_spent_with(run, workers.outstanding)
+           and (room_for_a_round(run, workers.outstanding)
+                or (workers.outstanding == 0 and not step_due(run, workers)))):
+        if cfg.lockstep and (workers.outstanding or workers.published < state.step
+                             or state.pending_updates):
+            return                          # the weights of every step before it, published
+        workers.order(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))

@@ -28,13 +28,13 @@ import math
 import os
 import sys
 
-import checkpoint
-import cli
-import distributed
-import loading
-import report
+from infra import checkpoint
+from infra import cli
+from infra import distributed
+from infra import loading
+from infra import report
 import rollout
-import runfolder
+from infra import runfolder
 import train
 
 BATCH = 256             # samples generated at once for pass@n

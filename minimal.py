@@ -19,7 +19,7 @@ import random
 
 import torch
 
-import demo_model
+from infra import demo_model
 import tasks
 from buffer import ReplayBuffer, collate
 from replay_rl import completion_logp, load_policy, policy_loss

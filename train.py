@@ -7,13 +7,13 @@
 Each round: sample P x G rollouts with the current policy, add them to a FIFO buffer of N, then
 take K optimizer steps, each on B rollouts drawn uniformly from the buffer. Replay ratio K*B/R, R
 the rollouts stored a round (mean uses of a rollout); staleness horizon N/R rounds. On-policy:
-N = R = B, K = 1. --generators: async_rl.py's loop. The infrastructure sits behind a few calls:
-cli.py, loading.py, checkpoint.py, stopping.py, runfolder.py, distributed.py, report.py.
+N = R = B, K = 1. --generators: async_rl.py's loop. The machinery sits in infra/, behind a few
+named calls: the command line, loading, checkpoints, stopping, the run folder, processes, reports.
 """
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import random
 import signal
 import sys
@@ -25,20 +25,14 @@ if __name__ == "__main__":      # Ctrl-C while the libraries load: one line (the
 import torch
 
 import async_rl
-import checkpoint
-import cli
-import distributed
-import loading
-import replay_rl
-import report
 import rollout
-import runfolder
-import stopping
 import tasks
 from buffer import ReplayBuffer
-from checkpoint import LoopState     # the loop's counters: what a checkpoint keeps besides tensors
+from infra import checkpoint, cli, distributed, engineered_update, loading, report, runfolder
+from infra import stopping
+from infra.checkpoint import LoopState      # the loop's counters, kept by a checkpoint
+from infra.round_end import end_of_round, evaluate, finish, save
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
-
 
 def opt(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -192,32 +186,40 @@ def main(argv=None) -> dict:
 # ---- the loop -------------------------------------------------------------------------------
 def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
-    """The loop of the README: each round generate, add to the buffer, K updates; eval, save. Any
-    ending (the first Ctrl-C, an error) saves the run at its last safe point (stopping.py)."""
+    """The loop of the README: each round generate, add to the buffer, K updates once it holds B
+    (with S: S new ones); eval, save. Any ending (the first Ctrl-C, an error) saves the run at its
+    last safe point (stopping.py); --resume continues a round a stop cut short (rounds)."""
     run = setup(cfg, task, saved, stop)
+    K, B, S = cfg.updates_per_round, cfg.batch_size, cfg.new_per_update
+    # replay_rl.update_step, or the same step with the engineering the flags ask for
+    update_step = engineered_update.update_step_for(cfg, run.state.world_size)
     with stop.keeping(run, save):               # an ending: a checkpoint, one line, how to resume
         if cfg.generators:                      # the paper's async system: worker processes
-            async_rl.train_async(run, sample_batch, update, evaluate, end_of_round)
+            async_rl.train_async(run, sample_batch, functools.partial(take_step, update_step))
             stop_if_asked(run)
-        else:
-            if run.state.first_accuracy is None:
-                evaluate(run)                   # step 0: before any update
-            for new in rounds(run):             # until the budget is spent (or a stop saves)
-                if new:                         # (not a round a stop cut short, resumed)
-                    with generating(run):       # cut short by a stop: as if not begun
-                        prompts = draw_prompts(run)                 # P prompts
-                        rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
-                    add_to_buffer(run, rollouts, gen)               # FIFO; makes K updates due
-                for _ in due_updates(run):      # the K that add_to_buffer made due (held B)
-                    if (sampled := sample_batch(run)) is not None:  # None: too few left
-                        update(run, sampled)                        # B sampled -> one step
-                end_of_round(run)               # eval, progress bar, checkpoint when due
+            return finish(run)
+        if run.state.first_accuracy is None:
+            evaluate(run)                       # step 0: before any update
+        for new in rounds(run):                 # until the budget is spent; a stop saves, exits
+            if new:                             # (--resume: first the round a stop cut short)
+                with generating(run):           # cut short by a stop: as if not begun
+                    prompts = draw_prompts(run)                     # P prompts
+                    rollouts, gen = generate(run, prompts)          # G each: log mu, r, A
+                add_to_buffer(run, rollouts, gen, B, S)             # FIFO, N (with S: S new)
+                plan_updates(run, K if holds(run, B, S) else 0, B)  # K, once it holds B (S new)
+            for batch_size in updates(run):     # the K planned (resumed: those left)
+                if (sampled := sample_batch(run, batch_size)) is None:  # too few: the rest lapse
+                    break
+                with training(run):
+                    metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
+                record_step(run, metrics, batch_size)               # version + 1; its row
+            end_of_round(run)                   # eval, progress bar, checkpoint when due
         return finish(run)                      # the last eval and checkpoint, the adapter
 
 
 def rounds(run: Run):
-    """The loop's `while the budget lasts`, as a generator: yields once per round whether it is a
-    new one (after --resume, a round a stop cut short comes first, its updates or its end still
+    """The loop's `each round` while the budget lasts, as a generator: yields whether the round is
+    a new one (after --resume, a round a stop cut short comes first, its updates or its end still
     due); after each round, a stop asked for saves and exits (stop_if_asked)."""
     state = run.state
     while state.pending_updates or state.round_end_due or not budget_spent(run):
@@ -225,12 +227,25 @@ def rounds(run: Run):
         stop_if_asked(run)
 
 
-def due_updates(run: Run):
-    """The loop's `K times`: yields once per update due (state.pending_updates, set to K by
-    add_to_buffer, counted down by update); before each, a stop asked for saves and exits."""
-    while run.state.pending_updates:
+def plan_updates(run: Run, K: int, B: int) -> None:
+    """The round's K updates of B rollouts each, kept in the loop state (a checkpoint between
+    two of them resumes the rest); a round without one has its metrics row here."""
+    state = run.state
+    state.pending_updates, state.round_batch_size, state.round_end_due = K, B, True
+    state.idle_rounds += not K
+    if not K:
+        run.report.row(state, {**state.round_stats, "updates": 0,
+                               **report.buffer_counts(run.buffer, state)})
+
+
+def updates(run: Run):
+    """The loop's `K times`: yields the round's B once per update planned (plan_updates), counting
+    each down once taken; before each, a stop asked for saves and exits."""
+    state = run.state
+    while state.pending_updates:
         stop_if_asked(run)
-        yield
+        yield state.round_batch_size
+        state.pending_updates -= 1
 
 
 @contextlib.contextmanager
@@ -243,6 +258,14 @@ def generating(run: Run):
         run.state.round += 1
         yield
     run.model.train()   # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
+
+
+@contextlib.contextmanager
+def training(run: Run):
+    """An optimizer step's time and peak memory."""
+    with report.timed(run.state, "train"):
+        yield
+    report.peak_memory(run.state.round_stats, "train", run.model)
 
 
 def draw_prompts(run: Run) -> list[str]:
@@ -262,36 +285,43 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
                       "prompts": len(prompts)}
 
 
-def add_to_buffer(run: Run, rollouts: list, gen: dict) -> None:
-    """The round's rollouts into the buffer, counted; decides its updates: K once every shard
-    holds its share of B (with S: of S new ones; no more than those are stored)."""
-    cfg, state = run.cfg, run.state
-    my_batch, my_new = (distributed.share_size(x) for x in (cfg.batch_size, cfg.new_per_update))
-    held = max(my_batch, 0 if state.step else distributed.share_size(cfg.learning_starts))
-    fresh = lambda: sum(rollout.policy_version == state.step for rollout in run.buffer.items)
-    # with S, store no more than the S new that make the updates due, or than the buffer lacks of
-    # the B it must hold, whichever is more (the rest of the round is dropped, counted); else all
-    room = max(my_new - fresh(), held - len(run.buffer)) if cfg.new_per_update else None
-    stored = run.buffer.add(rollouts, limit=room)
+def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
+    """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S, no more
+    than the S new ones that make the updates due, or than the buffer lacks of the B it must
+    hold, whichever is more (the rest of the round is dropped, counted)."""
+    state = run.state
+    room = max(distributed.share_size(S) - fresh(run), must_hold(run, B) - len(run.buffer))
+    stored = run.buffer.add(rollouts, limit=room if S else None)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
-    due = len(run.buffer) >= held and fresh() >= my_new
-    state.pending_updates = cfg.updates_per_round if distributed.every_rank(due) else 0
-    state.round_end_due, state.round_batch_size = True, cfg.batch_size
-    state.idle_rounds += not state.pending_updates
-    if not state.pending_updates:       # a round without an update has its row too
-        run.report.row(state, {**state.round_stats, "updates": 0,
-                               **report.buffer_counts(run.buffer, state)})
 
 
-def sample_batch(run: Run) -> list | None:
+def holds(run: Run, B: int, S: int) -> bool:
+    """Whether the updates are due: the buffer holds B (before the first, --learning-starts if
+    more) and, with S, S rollouts of the current policy; in every process, its share of each."""
+    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= distributed.share_size(S)
+    return distributed.every_rank(due)
+
+
+def must_hold(run: Run, B: int) -> int:
+    """This process's share of B, or before the first update of --learning-starts if more."""
+    first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
+    return max(distributed.share_size(B), first)
+
+
+def fresh(run: Run) -> int:
+    """Rollouts in the buffer sampled by the current policy (none trained on it yet)."""
+    return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
+
+
+def sample_batch(run: Run, batch_size: int) -> list | None:
     """B rollouts sampled uniformly from the buffer (B/W from each of W processes, their uses
     counted), or None: too few are left (used once with --no-reuse, or older than --max-age);
     the updates due then lapse, counted (lapsed_updates, in the end-of-run summary)."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    my_batch = distributed.share_size(state.round_batch_size)
+    my_batch = distributed.share_size(batch_size)
     if not distributed.every_rank(len(run.buffer) >= my_batch):
         state.lapsed_updates += state.pending_updates
         state.pending_updates = 0
@@ -303,66 +333,35 @@ def sample_batch(run: Run) -> list | None:
     return sampled
 
 
-def update(run: Run, sampled: list) -> None:
-    """One optimizer step on the sampled rollouts, its metrics row. The step is
-    update_step_engineered: replay_rl.update_step as the reader studied it (tested equal), in
-    micro-batches, over processes, in fp16, skipping NaN."""
+def step_args(run: Run) -> dict:
+    """update_step's keyword arguments: the loss's settings and the policy's version now."""
+    cfg = run.cfg
+    return dict(pad_id=run.tokenizer.pad_token_id, policy_version=run.state.step,
+                temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
+                loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
+                normalization=cfg.normalization, asymre_tau=cfg.asymre_tau)
+
+
+def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
+    """The loop's step as one call, for async_rl: update_step, timed, recorded."""
+    with training(run):
+        metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
+    record_step(run, metrics, batch_size)
+
+
+def record_step(run: Run, metrics: dict, batch_size: int) -> None:
+    """A step taken: the policy's version advances (skipped or not: ages count every step tried),
+    counted, its metrics row; too many NaN/inf steps in a row end the run."""
     cfg, state = run.cfg, run.state
-    with report.timed(state, "train"):
-        m = replay_rl.update_step_engineered(
-            run.model, run.optimizer, sampled, pad_id=run.tokenizer.pad_token_id,
-            policy_version=state.step, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
-            normalization=cfg.normalization, temperature=cfg.temperature, beta=cfg.beta,
-            asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
-            max_grad_norm=cfg.max_grad_norm, logp_chunk=cfg.logp_chunk,
-            loss_scale=replay_rl.FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
-    report.peak_memory(state.round_stats, "train", run.model)
-    state.step += 1     # skipped or not: ages count every step taken (or tried)
-    state.pending_updates -= 1
-    report.count_step(state, m, state.round_batch_size)
-    run.report.row(state, {**m, **state.round_stats, "batch_size": state.round_batch_size,
-              **report.buffer_counts(run.buffer, state), "lr": run.optimizer.param_groups[0]["lr"]})
+    state.step += 1
+    report.count_step(state, metrics, batch_size)
+    run.report.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
+                           **report.buffer_counts(run.buffer, state),
+                           "lr": run.optimizer.param_groups[0]["lr"]})
     if state.skipped_in_a_row >= cfg.max_skipped_steps:
         distributed.exit_all(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss "
                              "or gradient (skipped, weights unchanged); lower --lr or check the "
                              "reward")
-
-
-def evaluate(run: Run) -> float:
-    """Greedy accuracy on the held-out prompts (each process scores its share); an eval line."""
-    state, task = run.state, run.task
-    prompts = task.eval_prompts[:run.cfg.eval_prompts]
-    mine = distributed.share(prompts)
-    run.model.eval()
-    errors_before = run.reward_fn.errors
-    fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
-    limit = run.cfg.max_new_tokens or task.max_new_tokens
-    with run.pause_workers():           # async: nothing generated while the clock stands
-        # cut short: nothing of it kept (its time neither), a resume evaluates again
-        with run.stop.abortable(), report.timed(state, "eval"):
-            means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
-                run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
-        run.model.train()
-        scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
-        run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
-        with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
-            run.report.curves()
-    return state.last_accuracy
-
-
-def end_of_round(run: Run) -> None:
-    """Eval when due, the progress bar, a checkpoint when due."""
-    cfg, state = run.cfg, run.state
-    if cfg.eval_every_tokens or cfg.eval_at_tokens:     # fixed token counts: runs' curves line up
-        if state.gen_tokens >= state.next_eval_tokens:
-            evaluate(run)
-            state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
-    elif state.round % cfg.eval_every == 0:
-        evaluate(run)
-    state.round_end_due = False
-    run.report.progress(state)
-    if cfg.save_every and state.round % cfg.save_every == 0:
-        save(run)
 
 
 def budget_spent(run: Run) -> bool:
@@ -370,28 +369,10 @@ def budget_spent(run: Run) -> bool:
     return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
 
 
-def save(run: Run) -> str:
-    return checkpoint.save(run.out, asdict(run.state), asdict(run.cfg), model=run.model,
-                           optimizer=run.optimizer, buffer=run.buffer, rng=run.rng)
-
-
 def stop_if_asked(run: Run) -> None:
     """At a safe point: if a signal asked to stop, save the run and exit (stopping.StopRequest)."""
     if run.stop.requested():
         run.stop.end(run, save)
-
-
-def finish(run: Run) -> dict:
-    """The last eval and checkpoint, the adapter, and the end-of-run summary."""
-    state = run.state
-    if state.last_eval_round != state.round:
-        evaluate(run)
-    save(run)
-    run.report.close()
-    checkpoint.save_adapter(run.model, os.path.join(run.out, "adapter"))
-    report.summary(run.cfg, state, run.out)
-    return {"first_accuracy": state.first_accuracy, "final_accuracy": state.last_accuracy,
-            "output_dir": run.out, **asdict(state)}
 
 
 # ---- setting up: the policy, the optimizer, the buffer, the run folder ----------------------

@@ -38,13 +38,14 @@ from transformers import GenerationConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the project's modules
 
-import demo_model  # noqa: E402
+from infra import demo_model  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
-from distributed import pick_device  # noqa: E402
-from replay_rl import completion_logp, load_policy, update_step_engineered  # noqa: E402
-from report import quiet_libraries  # noqa: E402
-from fast_decoding import FastDecoding  # noqa: E402
+from infra.distributed import pick_device  # noqa: E402
+from replay_rl import completion_logp, load_policy  # noqa: E402
+from infra.engineered_update import update_step_engineered  # noqa: E402
+from infra.report import quiet_libraries  # noqa: E402
+from infra.fast_decoding import FastDecoding  # noqa: E402
 from rollout import generate_rollouts  # noqa: E402
 from train import Config  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The update's log-probs in chunks (replay_rl.chunked_completion_logp, train.py's default
+"""The update's log-probs in chunks (engineered_update.chunked_completion_logp, train.py's default
 --logp-chunk 256) against the plain ones (completion_logp, --logp-chunk 0), on this CPU: live
 memory, step time, and train.py beside TRL's GRPOTrainer. Writes docs/results/chunked_logp_cpu.json.
 
@@ -86,7 +86,7 @@ def random_qwen2(folder: str, vocab: int, hidden: int, layers: int = 1,
     """A Qwen2 of random weights (tied embedding, as Qwen2.5-0.5B's), the character tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from demo_model import char_tokenizer
+    from infra.demo_model import char_tokenizer
     tokenizer = char_tokenizer()
     config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
@@ -114,7 +114,8 @@ def random_batch(m: int, prompt: int, completion: int, vocab: int, seed: int = 0
 
 def update_live_peak(model, batch, chunk: int) -> int:
     """Peak live-tensor bytes of one forward + loss + backward: chunk > 0 chunked, 0 plain."""
-    from replay_rl import batch_loss, chunked_completion_logp
+    from replay_rl import batch_loss
+    from infra.engineered_update import chunked_completion_logp
     log_probs = None
     if chunk:
         log_probs = lambda m, c, t: chunked_completion_logp(m, c, t, chunk)
@@ -148,8 +149,8 @@ def live(micro: int = 8, completion: int = 256, vocab: int = 151_936, hidden: in
 def smollm2_rollouts(seed: int = 0):
     """SmolLM2-135M as train.py --model smollm2 loads it (fp32, LoRA r = 16), and 16 rollouts of
     its sums task (4 prompts x 4, T = 0.7, up to 48 new tokens)."""
-    import loading
-    import report
+    from infra import loading
+    from infra import report
     import rollout
     import train
     report.quiet_libraries()
@@ -169,7 +170,7 @@ def smollm2_rollouts(seed: int = 0):
 
 def steps(pairs: int = 8) -> dict:
     """update_step_engineered, plain and chunked alternated; the first pair, a warm-up, left out."""
-    from replay_rl import LOGP_CHUNK, update_step_engineered
+    from infra.engineered_update import LOGP_CHUNK, update_step_engineered
     torch.set_num_threads(1)
     model, tokenizer, rollouts, cfg = smollm2_rollouts()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
@@ -267,9 +268,9 @@ def trl_child(steps_: int, output: str) -> None:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    import loading
-    import pretrained
-    import report
+    from infra import loading
+    from infra import pretrained
+    from infra import report
     import tasks
     import train
     from replay_rl import load_tokenizer

@@ -108,7 +108,7 @@ import torch
 import transformers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, os.getcwd())
-from demo_model import char_tokenizer
+from infra.demo_model import char_tokenizer
 import tasks
 
 work, big = sys.argv[1], sys.argv[2] == "1"
@@ -216,7 +216,7 @@ import torch
 import transformers
 import tasks
 from replay_rl import load_policy
-from fast_decoding import FastDecoding
+from infra.fast_decoding import FastDecoding
 from rollout import generate_rollouts
 from train import Config
 
@@ -440,7 +440,7 @@ main() {
                 timeout -k 10 "$(budget 180)" "$PY" - "${bargs[@]}" >>"$O/bench.txt" 2>>"$O/bench_stderr.txt" <<'EOF'
 import os, runpy, sys
 sys.path.insert(0, os.getcwd())
-import fast_decoding
+from infra import fast_decoding
 
 
 class PlainDecoding:          # what generate_rollouts asks of a FastDecoding, giving plain generate

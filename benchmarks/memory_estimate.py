@@ -55,7 +55,7 @@ I intermediate, kv = kv heads * head dim, V vocabulary:
   recompute    with checkpointing only, later in the backward, once the logits are freed: one layer recomputed,
                2 * m * T * a (its activations and, assumed, as much again for their gradients)
   logits       the log-probs' logits, by train.py's --logp-chunk c (LOGP_CHUNK = 256 by default):
-               c > 0 (replay_rl.chunked_completion_logp):
+               c > 0 (engineered_update.chunked_completion_logp):
                  2 * min(c, m * C) * V * 4 + 2 * m * C * h * s
                  two fp32 [c, V] tensors of one chunk alive at once (the scaled logits and their
                  softmax; in bf16 the softmax's bf16 copy follows the logits), plus the hidden

@@ -131,8 +131,8 @@ def few_shot_prompts(task, tokenizer, n: int, count: int, seed: int = 0) -> dict
 
 def load(model_name: str):
     """(model, tokenizer, task, cfg) as train.py loads them (chat template, LoRA r 16, fp32)."""
-    import loading
-    import report
+    from infra import loading
+    from infra import report
     import train
     report.quiet_libraries()
     argv = [] if model_name == "tiny" else ["--model", model_name]

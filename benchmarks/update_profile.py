@@ -32,8 +32,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 import replay_rl  # noqa: E402
 from bench import bare_step  # noqa: E402
 from buffer import Rollout, collate  # noqa: E402
-from demo_model import char_tokenizer  # noqa: E402
-from replay_rl import load_policy, update_step_engineered  # noqa: E402
+from infra.demo_model import char_tokenizer  # noqa: E402
+from replay_rl import load_policy  # noqa: E402
+from infra.engineered_update import update_step_engineered  # noqa: E402
 
 small = os.environ.get("SMALL") == "1"
 dev = "cuda" if torch.cuda.is_available() else "cpu"

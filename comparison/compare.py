@@ -114,10 +114,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                # the project's modules (train.py, cli.py, ...)
+sys.path.insert(0, ROOT)                # the project's modules (train.py, infra/, ...)
 
-import cli  # noqa: E402
-import runfolder  # noqa: E402
+from infra import cli  # noqa: E402
+from infra import runfolder  # noqa: E402
 # The comparison's parts, beside this file: records.py runs the arms and keeps their records,
 # stats.py computes the figures and their intervals, summaries.py lays them out as summary.json,
 # readout.py prints and draws a summary.

@@ -34,9 +34,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cli  # noqa: E402
+from infra import cli  # noqa: E402
 import compare  # noqa: E402
-import pretrained  # noqa: E402
+from infra import pretrained  # noqa: E402
 
 PART_BYTES = 60 * 10**6         # a part of --write-parts: at most 60 MB
 ARMS = ("on_policy", "replay", "replay_big", "control")

@@ -11,7 +11,7 @@ one optimizer step against its batch B. compare.py projects each arm's time to t
 
 What it times is what train.py runs: rollout.generate_rollouts on R = P x G rollouts (P prompts of the
 task, G samples each, at the loop's temperature), the model loaded as train.py loads it (loading.load_model:
-dtype, LoRA, chat template); and replay_rl.update_step_engineered on B of those rollouts with train.py's defaults
+dtype, LoRA, chat template); and engineered_update.update_step_engineered on B of those rollouts with train.py's defaults
 (loss, cap, normalization, --micro-batch-size). Each point: the median of --repeats calls after one
 untimed warm-up call at that size (with the fast path, the warm-up compiles: its seconds are kept
 apart, first_call_s). Generation runs first at every size (plain, then --fast-generation where it
@@ -43,13 +43,13 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]     # the project's modules; bench.py's timer
 
-import cli  # noqa: E402
-import distributed  # noqa: E402
-import loading  # noqa: E402
+from infra import cli  # noqa: E402
+from infra import distributed  # noqa: E402
+from infra import loading  # noqa: E402
 import rollout  # noqa: E402
 from bench import timer  # noqa: E402  (benchmarks/bench.py)
-from replay_rl import update_step_engineered  # noqa: E402
-from report import quiet_libraries  # noqa: E402
+from infra.engineered_update import update_step_engineered  # noqa: E402
+from infra.report import quiet_libraries  # noqa: E402
 from train import Config  # noqa: E402
 
 SIZES = (16, 32, 64, 128, 256, 512)

@@ -3,7 +3,7 @@
     python comparison/plot.py runs/X                           # runs/X/curves.png: one run, every health signal
     python comparison/plot.py runs/A runs/B -o overlay.png     # several runs: accuracy against tokens and seconds
 
-One run's figure is curves.py's (train.py draws it too, as curves.png); this file overlays several
+One run's figure is infra/curves.py's (train.py draws it too, as curves.png); this file overlays several
 runs (plot_runs) and draws compare.py's arms from a summary (plot_arms), with curves.py's helpers.
 The standard library only, plus matplotlib when drawing: without it each function prints how to
 get it and returns None.
@@ -15,9 +15,9 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                # the project's modules (curves.py)
+sys.path.insert(0, ROOT)                # the project's modules (infra/curves.py)
 
-import curves  # noqa: E402
+from infra import curves  # noqa: E402
 
 
 def run_names(run_dirs: list[str]) -> list[str]:

@@ -18,10 +18,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                # the project's modules (train.py, runfolder.py, ...)
+sys.path.insert(0, ROOT)                # the project's modules (train.py, infra/, ...)
 
-import cli  # noqa: E402
-import runfolder  # noqa: E402
+from infra import cli  # noqa: E402
+from infra import runfolder  # noqa: E402
 import train  # noqa: E402
 from stats import CompareError  # noqa: E402
 
@@ -161,9 +161,9 @@ def threads_env(threads: int = 1, **extra: str) -> dict:
 
 
 def build_tiny_model(task: str, warm_start_seed: int, warm_start_steps: int = 0, env: dict | None = None) -> None:
-    """The embedded model of one warm start (demo_model.py), built and cached in a process of its own
+    """The embedded model of one warm start (infra/demo_model.py), built and cached in a process of its own
     (one thread, unless env says otherwise)."""
-    subprocess.run([sys.executable, "demo_model.py", "--task", task, "--warm-start-seed", str(warm_start_seed),
+    subprocess.run([sys.executable, "-m", "infra.demo_model", "--task", task, "--warm-start-seed", str(warm_start_seed),
                     "--warm-start-steps", str(warm_start_steps)], cwd=ROOT, env=env or threads_env(), check=True,
                    stdout=subprocess.DEVNULL)
 
@@ -344,7 +344,7 @@ def starting_model(model: str, task: str, warm_start_seed: int, warm_start_steps
     by its spec's hash (demo_model.spec): the same flags name another model once its warm start changes."""
     if model != "tiny":
         return model
-    import demo_model
+    from infra import demo_model
     import tasks
     task_ = tasks.load_task(task)
     return os.path.basename(demo_model.cache_path(task_, demo_model.spec(task_, warm_start_steps or None, warm_start_seed)))

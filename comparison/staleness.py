@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cli  # noqa: E402
+from infra import cli  # noqa: E402
 import records  # noqa: E402
 
 SETTINGS = {

@@ -41,7 +41,7 @@ if "google.colab" in sys.modules:
     wanted = [line.split("#")[0].strip() for line in open("requirements.txt")]
     wanted = [w for w in wanted if w and re.split(r"[<>=!~ ]", w)[0] != "torch"]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted], check=True)
-import report  # noqa: E402
+from infra import report  # noqa: E402
 
 report.quiet_libraries()                                    # no weight-loading bars, no kernel notices
 print("project:", root, "| small settings" if SMALL else "")
@@ -51,7 +51,7 @@ print("project:", root, "| small settings" if SMALL else "")
 #
 # The embedded task is 2-digit addition: the prompt `37+45=`, the reward 1 for the exact sum and
 # 0 otherwise. The demo model is a 0.53M-parameter Llama with a character tokenizer, warm-started
-# by a *sloppy teacher* who forgets each carry 70% of the time (`demo_model.py`; its weights ship with
+# by a *sloppy teacher* who forgets each carry 70% of the time (`infra/demo_model.py`; its weights ship with
 # the project). `load_policy` wraps it with a fresh LoRA adapter: that is pi_theta.
 
 # %%
@@ -59,7 +59,7 @@ import random
 
 import torch
 
-import demo_model
+from infra import demo_model
 import tasks
 from replay_rl import load_policy
 from rollout import greedy_accuracy

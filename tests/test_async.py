@@ -15,7 +15,8 @@ import time
 import pytest
 
 import async_rl
-import checkpoint
+from infra import workers as worker_processes
+from infra import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,7 @@ def test_lockstep_is_the_synchronous_loop_metric_for_metric(tmp_path, tiny_path)
     sync, lockstep = str(tmp_path / "sync"), str(tmp_path / "lockstep")
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(async_rl.threads_each(1, "cpu"))
+        torch.set_num_threads(worker_processes.threads_each(1, "cpu"))
         train.main(SMALL + ["--max-rounds", "4", "--output-dir", sync])
         train.main(SMALL + ["--max-rounds", "4", "--output-dir", lockstep, "--generators", "1",
                             "--lockstep"])
@@ -147,11 +148,11 @@ def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_
                                 0.5, 0, baseline=0.5, temperature=1.0) for _ in range(32)])
         for r in run.buffer.items:
             r.uses = 1
-        workers = async_rl.Generators(run)
-        workers.trainer_step = types.SimpleNamespace(value=0)
-        workers.orders = types.SimpleNamespace(put=lambda prompts: None)
-        workers.order(run)
-        return workers.outstanding
+        generators = worker_processes.Generators(run, async_rl.worker_loop)
+        generators.trainer_step = types.SimpleNamespace(value=0)
+        generators.orders = types.SimpleNamespace(put=lambda prompts: None)
+        async_rl.order_rounds(run, generators)
+        return generators.outstanding
 
     assert ordered(R=4, B=16) == 5
     assert ordered(R=16, B=16) == 2

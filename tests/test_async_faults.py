@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import async_rl
-import stopping
+from infra import workers as worker_processes
+from infra import stopping
 import train
 from test_async import (ROOT, SMALL, final_state, resume, reward_file, rows, rows_safe,
                         session, session_gone, start, wait_for_step, workers)
@@ -101,9 +102,9 @@ def test_a_ctrl_c_while_the_workers_start_is_kept(monkeypatch, tiny_path):
         os.kill(os.getpid(), signal.SIGINT)
         return start_process(self)
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_with_a_ctrl_c)
-    monkeypatch.setattr(async_rl.Generators, "account", lambda self, state: None)
+    monkeypatch.setattr(worker_processes.Generators, "account", lambda self, state: None)
     try:
-        with async_rl.Generators(run):
+        with worker_processes.Generators(run, async_rl.worker_loop):
             time.sleep(0.1)
             assert stop.requested()
     finally:

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +129,7 @@ def test_resume_with_more_processes_than_saved_is_one_line_from_rank_0(tmp_path,
 
 
 def test_errors_every_rank_reaches_are_printed_by_rank_0_alone(capsys, monkeypatch):
-    import distributed
+    from infra import distributed
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank, printed in (("0", "error: the same on every rank\n"), ("1", "")):
         monkeypatch.setenv("RANK", rank)
@@ -139,7 +139,7 @@ def test_errors_every_rank_reaches_are_printed_by_rank_0_alone(capsys, monkeypat
 
 
 def test_the_resume_hint_is_the_command_that_ran(monkeypatch):
-    import distributed
+    from infra import distributed
     for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     assert distributed.command("train.py --resume runs/a") == "python train.py --resume runs/a"
@@ -294,6 +294,7 @@ def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, mon
 
 def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypatch):
     import replay_rl
+    from infra import engineered_update
     from rollout import generate_rollouts
     import tasks
     model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
@@ -303,7 +304,7 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
     assert m["skipped"] == 1 and not optimizer.state
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 
@@ -311,12 +312,12 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
 def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch, capsys):
     """Out of memory in a step: the run is saved before it (checkpoint-1: round 1 generated, its
     step not taken), then one line lists the knobs and names the resume."""
-    import replay_rl
+    from infra import engineered_update
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(replay_rl, "update_step_engineered", oom)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", oom)
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
     msg = capsys.readouterr().err.strip().splitlines()[-1]
@@ -329,11 +330,11 @@ def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch, capsys)
 def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, tiny_path, monkeypatch):
     """A signal during the last update of a round: the round's eval (and checkpoint) still happen
     before the exit, so the resumed run matches an uninterrupted one, eval lines included."""
-    import replay_rl
+    from infra import engineered_update
     flags = SMALL + ["--updates-per-round", "1", "--eval-every", "1", "--max-rounds", "4"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     train.main(flags + ["--output-dir", full])
-    real, calls = replay_rl.update_step_engineered, []
+    real, calls = engineered_update.update_step_engineered, []
 
     def interrupted_update(*a, **k):
         calls.append(1)
@@ -341,11 +342,11 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
             os.kill(os.getpid(), signal.SIGINT)        # arrives during round 2's only update
         return real(*a, **k)
 
-    monkeypatch.setattr(replay_rl, "update_step_engineered", interrupted_update)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", interrupted_update)
     with pytest.raises(SystemExit) as e:
         train.main(flags + ["--output-dir", part])
     assert e.value.code == 128 + signal.SIGINT and checkpoint.find(part).endswith("checkpoint-2")
-    monkeypatch.setattr(replay_rl, "update_step_engineered", real)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
     train.main(["--resume", part, "--lr", "5e-4"])
 
     def lines(run):

@@ -1,4 +1,4 @@
-"""replay_rl.chunked_completion_logp (train.py's --logp-chunk): completion_logp's values and the
+"""engineered_update.chunked_completion_logp (train.py's --logp-chunk): completion_logp's values and the
 same LoRA gradients, in float32, for every loss and normalization, with and without a temperature,
 on the tiny model (a Llama with a tied lm_head) and a small random Qwen2 (untied); the models it
 leaves to the plain path; no [tokens, vocab] tensor kept for the backward. Its memory:
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from buffer import Rollout, collate
-from replay_rl import (LOSS_TYPES, NORMALIZATIONS, batch_loss, chunked_completion_logp,
-                       completion_logp, load_policy, update_step_engineered)
+from replay_rl import LOSS_TYPES, NORMALIZATIONS, batch_loss, completion_logp, load_policy
+from infra.engineered_update import chunked_completion_logp, update_step_engineered
 
 RTOL = 1e-5     # of each compared tensor's largest magnitude (values near 0 have no relative error)
 
@@ -33,7 +33,7 @@ def small_qwen2(folder) -> str:
     """A random Qwen2 of 2 layers (0.02M parameters), untied lm_head, the character tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from demo_model import char_tokenizer
+    from infra.demo_model import char_tokenizer
     tokenizer = char_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -182,7 +182,7 @@ def test_models_whose_logits_are_not_the_head_alone_take_the_plain_path(models, 
     plain completion_logp's values exactly, and the trainable head gets its gradient."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from demo_model import char_tokenizer
+    from infra.demo_model import char_tokenizer
     tokenizer = char_tokenizer()
     config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -216,7 +216,7 @@ def test_a_chunk_below_one_token_and_another_temperature_are_refused(models):
         chunked_completion_logp(model, cols, 0.7, 0)
     with pytest.raises(ValueError, match="temperature 0.7 but log pi_theta is taken at 1"):
         chunked_completion_logp(model, cols, 1.0)
-    from replay_rl import _HeadLogp            # copied alone, it refuses a head it would not train
+    from infra.engineered_update import _HeadLogp    # copied alone, it refuses a head it would not train
     with pytest.raises(ValueError, match="gives the lm_head no gradient"):
         _HeadLogp.apply(torch.randn(3, 4), torch.randn(5, 4, requires_grad=True), None,
                         torch.tensor([0, 1, 2]), 1.0, 2)

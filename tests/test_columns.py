@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-import demo_model
+from infra import demo_model
 import tasks
 from tasks import column_work
 

@@ -476,7 +476,8 @@ def test_runs_recorded_are_read_from_their_records_not_run_again(tmp_path, monke
     # the same flags from another starting model (the warm start's recipe changed: another spec) run again
     assert record["model"] == records.starting_model("tiny", "addition", 1)
     calls.clear()
-    monkeypatch.setitem(__import__("demo_model").WARM_START, "lr", 1e-2)
+    from infra import demo_model
+    monkeypatch.setitem(demo_model.WARM_START, "lr", 1e-2)
     compare.main(common + ["--output-dir", str(tmp_path / "d")])
     assert len([c for c in calls if c[0] == "run"]) == 6
 

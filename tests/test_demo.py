@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-import demo_model
+from infra import demo_model
 import tasks
 
 
@@ -40,9 +40,9 @@ def test_shipped_weights_are_the_default_model_and_load_without_a_warm_start(nam
     accuracy = demo_model.held_out_accuracy(path, task)
     assert accuracy == pytest.approx(demo_model.SHIPPED_ACCURACY[task.name], abs=0.01)
     stated = f"{demo_model.SHIPPED_ACCURACY[task.name]:.3f}"        # the README's quick start, the usage guide's task
-    assert stated in open(os.path.join(demo_model.HERE, "docs", "usage.md")).read()
+    assert stated in open(os.path.join(demo_model.HERE, "..", "docs", "usage.md")).read()
     if name == "addition":
-        assert stated in open(os.path.join(demo_model.HERE, "README.md")).read()
+        assert stated in open(os.path.join(demo_model.HERE, "..", "README.md")).read()
 
 
 def test_other_seeds_are_built_and_cached_apart(addition, tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ def torchrun(args, tmp_path, nproc=2, timeout=600):
 @pytest.mark.slow
 def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, addition):
     import replay_rl
+    from infra import engineered_update
     from buffer import ReplayBuffer
     from rollout import generate_rollouts
     from safetensors.torch import load_file, save_file
@@ -59,6 +60,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         import replay_rl
+        from infra import engineered_update
         from buffer import ReplayBuffer
         from safetensors.torch import load_file, save_file
         buf = ReplayBuffer(10**6)
@@ -75,7 +77,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
             mine = buf.items[rank::world]           # this rank's share of the batch
             collectives.clear()
-            m = replay_rl.update_step_engineered(model, opt, mine, pad_id=tok.pad_token_id, policy_version=0,
+            m = engineered_update.update_step_engineered(model, opt, mine, pad_id=tok.pad_token_id, policy_version=0,
                                       normalization=normalization, micro_batch_size=2, beta=0.05)
             out[normalization] = {{**m, "collectives": len(collectives)}}
             if rank == 0:
@@ -92,7 +94,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         # SGD: the step is the gradient itself (Adam's first step is ~lr * sign(g), which turns rounding
         # noise on near-zero gradients into lr-sized differences)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-        m = replay_rl.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+        m = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                                   normalization=normalization, beta=0.05)
         weights = load_file(str(tmp_path / f"{normalization}.safetensors"))
         for name, p in model.named_parameters():

@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 import train
 
 
@@ -28,11 +28,11 @@ def test_max_age_holds_at_every_update_not_only_once_a_round(tmp_path, tiny_path
 
 def test_resume_mid_round_with_a_larger_batch_finishes_the_round_as_decided(tmp_path, tiny_path, monkeypatch,
                                                                               capsys):
-    import replay_rl
+    from infra import engineered_update
     flags = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "64", "--batch-size", "16",
              "--updates-per-round", "2", "--eval-prompts", "20", "--eval-every", "1000", "--max-rounds", "3",
              "--output-dir", str(tmp_path)]
-    real, calls = replay_rl.update_step_engineered, []
+    real, calls = engineered_update.update_step_engineered, []
 
     def interrupted_update(*a, **k):
         calls.append(1)
@@ -40,10 +40,10 @@ def test_resume_mid_round_with_a_larger_batch_finishes_the_round_as_decided(tmp_
             os.kill(os.getpid(), signal.SIGINT)        # during round 1's first update: one update pending
         return real(*a, **k)
 
-    monkeypatch.setattr(replay_rl, "update_step_engineered", interrupted_update)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", interrupted_update)
     with pytest.raises(SystemExit):
         train.main(flags)
-    monkeypatch.setattr(replay_rl, "update_step_engineered", real)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
     state = json.load(open(os.path.join(checkpoint.find(str(tmp_path)), "state.json")))["state"]
     assert state["pending_updates"] == 1
     capsys.readouterr()
@@ -73,6 +73,7 @@ def test_zero_advantage_filter_is_refused_with_asymre(capsys):
 
 def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     import replay_rl
+    from infra import engineered_update
     from rollout import generate_rollouts
     torch.manual_seed(0)
     model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
@@ -87,7 +88,7 @@ def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     for micro in (0, 5):
         model.load_state_dict(start, strict=False)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        figures[micro] = replay_rl.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+        figures[micro] = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                                                beta=0.1, normalization="sequence_mean", micro_batch_size=micro)
     assert figures[0]["ref_kl"] > 1e-4
     assert figures[5]["ref_kl"] == pytest.approx(figures[0]["ref_kl"], rel=1e-5)

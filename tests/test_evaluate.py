@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import evaluate
-import loading
+from infra import loading
 import train
 
 SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "32", "--batch-size", "16",

@@ -15,8 +15,8 @@ import types
 import pytest
 import torch
 
-import checkpoint
-import report
+from infra import checkpoint
+from infra import report
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,14 +126,15 @@ def hanging_step(after: int) -> str:
     """Code that makes train's optimizer step number `after` hang (after saying so in a file)."""
     return textwrap.dedent(f"""
         import os, time, replay_rl
-        real, calls = replay_rl.update_step_engineered, []
+        from infra import engineered_update
+        real, calls = engineered_update.update_step_engineered, []
         def step(*args, **kwargs):
             calls.append(1)
             if len(calls) == {after}:
                 open(os.environ["HANGING"], "w").close()
                 time.sleep(10**6)
             return real(*args, **kwargs)
-        replay_rl.update_step_engineered = step
+        engineered_update.update_step_engineered = step
     """)
 
 
@@ -197,7 +198,7 @@ def test_a_full_disk_leaves_eval_json_and_curves_png_whole_or_untouched(tmp_path
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import curves
+    from infra import curves
 
     path = str(tmp_path / "eval.json")
     evaluate.write(path, {"eval_accuracy": 0.5})

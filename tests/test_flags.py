@@ -26,13 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-import cli
+from infra import cli
 
 import compare
 import evaluate
-import loading
+from infra import loading
 import minimal
-import report
+from infra import report
 import summaries
 import tasks
 import train
@@ -376,7 +376,7 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
 
 @pytest.mark.parametrize("dest", sorted(EVALUATE_FLAGS))
 def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, monkeypatch):
-    import checkpoint
+    from infra import checkpoint
     import rollout
     assert dest in EVALUATE, f"evaluate.py {dest}: no line in EVALUATE (tests/test_flags.py); add one"
 
@@ -406,7 +406,7 @@ def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, m
 @pytest.mark.parametrize("name", MINIMAL_ARGS)
 def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     """minimal.main writes nothing: what it did is read from the calls it made (no model)."""
-    import demo_model
+    from infra import demo_model
     assert name in MINIMAL, f"minimal.main({name}=...): no line in MINIMAL (tests/test_flags.py); add one"
     w = types.SimpleNamespace(generated=[], evaluated=[], lines=[], seeded=None)
 

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-import loading
+from infra import loading
 import replay_rl
+from infra import engineered_update
 import train
 from buffer import collate
 from rollout import generate_rollouts
@@ -30,7 +31,7 @@ def gradient(model, tok, rollouts, loss_scale, max_grad_norm=1e9, metrics=None):
     """The gradient update_step_engineered leaves in p.grad (SGD at lr 0: the weights stay), clipped at
     max_grad_norm (by default never); its metrics go into ``metrics``."""
     params = [p for p in model.parameters() if p.requires_grad]
-    m = replay_rl.update_step_engineered(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
+    m = engineered_update.update_step_engineered(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
                               policy_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
     (metrics if metrics is not None else {}).update(m)
     return torch.cat([p.grad.flatten() for p in params])
@@ -48,8 +49,8 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
     loss, _ = replay_rl.policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
     assert loss.dtype == torch.float32
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
-                              loss_scale=replay_rl.FP16_LOSS_SCALE)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+                              loss_scale=engineered_update.FP16_LOSS_SCALE)
     assert m["skipped"] == 0 and m["grad_norm"] > 0
     states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
     assert states and {t.dtype for t in states} == {torch.float32}
@@ -67,12 +68,12 @@ def test_the_scaled_gradient_unscaled_is_the_gradient_of_the_loss(tiny_path, add
     by_hand = torch.cat([g.flatten() for g in torch.autograd.grad(
         loss, [p for p in model.parameters() if p.requires_grad])])
     assert by_hand.abs().sum() > 0
-    for scale in (1.0, replay_rl.FP16_LOSS_SCALE):
+    for scale in (1.0, engineered_update.FP16_LOSS_SCALE):
         torch.testing.assert_close(gradient(model, tok, rollouts, scale), by_hand, rtol=1e-5, atol=1e-8)
     clip = 0.1 * float(by_hand.norm())                     # clipping active: the gradient cut to 1/10
     plain, scaled = {}, {}
     g1 = gradient(model, tok, rollouts, 1.0, clip, plain)
-    gs = gradient(model, tok, rollouts, replay_rl.FP16_LOSS_SCALE, clip, scaled)
+    gs = gradient(model, tok, rollouts, engineered_update.FP16_LOSS_SCALE, clip, scaled)
     torch.testing.assert_close(g1, by_hand * 0.1, rtol=1e-4, atol=1e-9)
     torch.testing.assert_close(gs, g1, rtol=1e-5, atol=1e-9)
     assert scaled["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
@@ -86,7 +87,7 @@ def test_the_loss_scale_keeps_small_float16_gradients_from_underflowing(tiny_pat
     model, tok, rollouts = policy_and_rollouts(addition)
     for r in rollouts:
         r.advantage *= 1e-3
-    plain, scaled = (gradient(model, tok, rollouts, s) for s in (1.0, replay_rl.FP16_LOSS_SCALE))
+    plain, scaled = (gradient(model, tok, rollouts, s) for s in (1.0, engineered_update.FP16_LOSS_SCALE))
     reference = gradient(model.float(), tok, rollouts, 1.0)
 
     def error(g):

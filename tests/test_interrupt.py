@@ -10,8 +10,7 @@ import textwrap
 
 import pytest
 
-import checkpoint
-import replay_rl
+from infra import checkpoint, engineered_update
 import rollout
 import train
 
@@ -58,7 +57,7 @@ def signal_on_call(monkeypatch, module, name, call):
 WHERE = [("the step-0 eval", rollout, "greedy_rewards", 1, "checkpoint-0"),
          ("round 2's eval", rollout, "greedy_rewards", 3, "checkpoint-2"),
          ("round 2's generation", rollout, "generate_rollouts", 2, "checkpoint-1"),
-         ("round 2's first step", replay_rl, "update_step_engineered", 3, "checkpoint-2")]
+         ("round 2's first step", engineered_update, "update_step_engineered", 3, "checkpoint-2")]
 
 
 @pytest.mark.slow
@@ -130,10 +129,11 @@ def test_a_step_longer_than_the_grace_keeps_the_run_and_resume_continues_exactly
     run = str(tmp_path / "run")
     err = run_hanging(f"""
         import os, signal, time, replay_rl, train
+        from infra import engineered_update
         def hanging_step(*args, **kwargs):      # round 1's first step, far longer than the grace
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(60)
-        replay_rl.update_step_engineered = hanging_step
+        engineered_update.update_step_engineered = hanging_step
         train.main({FLAGS + ['--output-dir', run]!r})
     """, run)
     assert (f"the step did not finish within 2 s of SIGINT: saved the run as it was before the "

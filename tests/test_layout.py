@@ -14,16 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the top-level modules it imports, at the top or inside a function."""
-    modules = {os.path.basename(p)[:-3]: p for p in glob.glob(os.path.join(ROOT, "*.py"))}
+    """module -> the project's modules it imports, at the top or inside a function: the top-level
+    ones by their names (train), the machinery's as infra.NAME (from infra import cli: infra.cli)."""
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "infra", "*.py"))
+    modules = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, "."): p for p in paths
+               if not p.endswith("__init__.py")}
     graph = {}
     for name, path in modules.items():
         found = set()
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Import):
-                found |= {alias.name.split(".")[0] for alias in node.names}
+                found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
         graph[name] = {m for m in found if m in modules and m != name}
     return graph
 
@@ -58,13 +61,25 @@ def test_circle_finds_a_circle_and_only_one():
 
 def test_no_import_circle_and_the_core_stands_alone():
     graph = import_graph()
-    assert {"train", "cli", "loading", "demo_model", "replay_rl", "buffer", "rollout"} <= set(graph)
+    assert {"train", "infra.cli", "infra.loading", "infra.demo_model", "infra.engineered_update",
+            "replay_rl", "buffer", "rollout"} <= set(graph)
     assert circle(graph) is None, f"import circle: {' -> '.join(circle(graph))}"
     # copy one file into another project and it works: the buffer needs nothing of ours, the
     # loss and the rollouts only the Rollout record
     assert graph["buffer"] == set()
-    assert graph["replay_rl"] <= {"buffer"} and graph["rollout"] <= {"buffer", "fast_decoding"}
+    assert graph["replay_rl"] <= {"buffer"} and graph["rollout"] <= {"buffer"}
     assert not any("train" in deps for name, deps in graph.items() if name not in ("evaluate",))
+    # the machinery serves the loops: no module of infra/ imports a file a user runs
+    entry = {"train", "async_rl", "evaluate", "minimal"}
+    assert not [name for name, deps in graph.items() if name.startswith("infra.") and deps & entry]
+
+
+def test_the_top_level_shows_the_method():
+    """Issue 61: at most 8 .py files at the top level (the method's four and the few a user runs or
+    reads first); the machinery in one folder, infra/."""
+    top = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "*.py")))
+    assert {"replay_rl.py", "buffer.py", "rollout.py", "train.py"} <= set(top) and len(top) <= 8, top
+    assert os.path.isfile(os.path.join(ROOT, "infra", "__init__.py"))
 
 
 def test_no_top_level_module_imports_the_harness():
@@ -73,7 +88,7 @@ def test_no_top_level_module_imports_the_harness():
     harness = {"comparison"} | {os.path.basename(p)[:-3]
                                 for p in glob.glob(os.path.join(ROOT, "comparison", "*.py"))}
     wrong = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "infra", "*.py"))):
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -113,7 +128,7 @@ def test_each_harness_script_starts_from_its_path(script, monkeypatch, capsys, t
     monkeypatch.chdir(tmp_path)
     # as a fresh process sees it: the script's folder, none of the project's (the script adds them),
     # nor the project's modules that other tests imported (a venv inside the clone, as CI's, stays)
-    ours = {os.path.realpath(os.path.join(ROOT, d)) for d in ("", "comparison", "benchmarks")}
+    ours = {os.path.realpath(os.path.join(ROOT, d)) for d in ("", "comparison", "benchmarks", "infra")}
     monkeypatch.setattr(sys, "path", [os.path.dirname(script)] + [p for p in sys.path
                                                                   if p and os.path.realpath(p) not in ours])
     for name, module in list(sys.modules.items()):
@@ -143,9 +158,12 @@ def test_the_method_reads_short_and_the_loop_fits_in_440_lines():
     body = ast.get_source_segment(open(os.path.join(ROOT, "train.py")).read(), next(
         n for n in ast.parse(open(os.path.join(ROOT, "train.py")).read()).body
         if isinstance(n, ast.FunctionDef) and n.name == "train"))
-    order = ["evaluate(run)", "draw_prompts(", "generate(", "add_to_buffer(", "due_updates(",
-             "sample_batch(run)", "update(run, sampled)", "end_of_round(run)", "finish(run)"]
-    at = [body.index(name, body.index("else:")) for name in order]
+    # issue 61: K, "once it holds B" and S in the loop's body, and the step it takes is update_step
+    loop = body[body.index("evaluate(run)"):]
+    order = ["evaluate(run)", "draw_prompts(", "generate(", "add_to_buffer(", "plan_updates(run, K", "holds(run, B, S)",
+             "updates(run)", "sample_batch(run, batch_size)", "update_step(",
+             "record_step(", "end_of_round(run)", "finish(run)"]
+    at = [loop.index(name) for name in order]
     assert at == sorted(at), "train(): the loop's steps out of the README's order"
     assert "class FastDecoding" not in open(os.path.join(ROOT, "rollout.py")).read()
 

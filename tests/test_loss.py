@@ -154,6 +154,7 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     """update_step_engineered passes each rollout's reward and group baseline to the asymre loss: its stored
     advantage, set to nonsense here, does not enter."""
     import replay_rl
+    from infra import engineered_update
     from buffer import collate
     from rollout import generate_rollouts
     torch.manual_seed(0)
@@ -169,7 +170,7 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     mask = batch["completion_mask"]
     expected = -(coefficient[:, None] * logp * mask).sum() / mask.sum()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    m = replay_rl.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
                               loss_type="asymre", asymre_tau=0.1)
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
@@ -227,7 +228,8 @@ def test_the_temperature_check_cannot_be_skipped():
     """completion_logp and its chunked twin refuse a batch that does not say its sampling
     temperature (one not from collate), and a temperature at which sampling is greedy in effect;
     no model is called before the refusal."""
-    from replay_rl import chunked_completion_logp, completion_logp
+    from replay_rl import completion_logp
+    from infra.engineered_update import chunked_completion_logp
     no_model = lambda *a, **k: pytest.fail("the model was called")
     cols = {"input_ids": torch.zeros(1, 3, dtype=torch.long), "completion_mask": torch.ones(1, 2)}
     for fn in (completion_logp, chunked_completion_logp):

@@ -65,9 +65,9 @@ def test_logits_term_is_five_fp32_completion_logits_linear_in_micro_batch_and_vo
 def test_chunked_logits_term_is_two_fp32_chunks_and_two_hidden_states_per_token():
     """train.py's default --logp-chunk 256: two fp32 [256, V] tensors, whatever the micro-batch, and
     per scored token its bf16 hidden state and gradient direction."""
-    import replay_rl
+    from infra import engineered_update
     import train
-    assert me.LOGP_CHUNK == replay_rl.LOGP_CHUNK == train.Config().logp_chunk == 256
+    assert me.LOGP_CHUNK == engineered_update.LOGP_CHUNK == train.Config().logp_chunk == 256
     V, h = 151936, 896
     e = est(micro=8, new=256, chunk=256)
     assert e["logits"] == pytest.approx((2 * 256 * V * 4 + 2 * 8 * 256 * h * 2) / GB)     # 0.30 GB
@@ -166,7 +166,7 @@ SMALL = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_k
 
 
 def char_tokenizer():
-    from demo_model import char_tokenizer as make
+    from infra.demo_model import char_tokenizer as make
     return make()
 
 

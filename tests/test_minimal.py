@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import minimal
-from replay_rl import load_policy, update_step, update_step_engineered
+from replay_rl import load_policy, update_step
+from infra.engineered_update import update_step_engineered
 from rollout import generate_rollouts
 
 
@@ -25,7 +26,7 @@ def stale_batch(tiny_path, addition):
 
 
 def both_steps(model, tokenizer, rollouts, max_grad_norm):
-    """One SGD step of minimal.update and one of replay_rl.update_step_engineered (what train.py calls, with
+    """One SGD step of minimal.update and one of engineered_update.update_step_engineered (what train.py calls, with
     train.py's defaults) from the same weights on the same batch: (metrics of each, the largest
     difference of the trained weights after the two steps, the largest move of one step)."""
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)

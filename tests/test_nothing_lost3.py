@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import checkpoint
-import report
-import runfolder
-import stopping
+from infra import checkpoint
+from infra import report
+from infra import runfolder
+from infra import stopping
 import tasks
 import train
 
@@ -225,8 +225,8 @@ def test_an_error_inside_a_step_saves_the_run_before_that_step(tmp_path, uninter
                                                                 monkeypatch, capsys):
     """An exception of the loop's own (here the second step's): the run as it was before that
     step (its batch not yet drawn), so the resume takes it again, exactly."""
-    import replay_rl
-    real, calls = replay_rl.update_step_engineered, []
+    from infra import engineered_update
+    real, calls = engineered_update.update_step_engineered, []
 
     def breaks(*args, **kwargs):
         calls.append(1)
@@ -235,13 +235,13 @@ def test_an_error_inside_a_step_saves_the_run_before_that_step(tmp_path, uninter
         return real(*args, **kwargs)
 
     run = str(tmp_path / "run")
-    monkeypatch.setattr(replay_rl, "update_step_engineered", breaks)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", breaks)
     with pytest.raises(SystemExit) as e:
         train.main(TINY + ["--reward", grader(tmp_path), "--output-dir", run])
     line = last_line(capsys.readouterr().err)
     assert e.value.code == 1 and line.startswith("error: RuntimeError: a bug in the step (raised")
     assert f"checkpoint saved to {run}/checkpoint-2;" in line
-    monkeypatch.setattr(replay_rl, "update_step_engineered", real)
+    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
     train.main(["--resume", run])
     assert lines(run) == uninterrupted
 

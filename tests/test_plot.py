@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-import curves
+from infra import curves
 import plot
 import readout
 

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-import checkpoint
-import loading
-import pretrained
-import runfolder
+from infra import checkpoint
+from infra import loading
+from infra import pretrained
+from infra import runfolder
 import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +33,8 @@ WRITERS = textwrap.dedent(r"""
     import contextlib, json, os, random, resource, shutil, signal, sys, types
     import torch
     from safetensors.torch import save_file
-    import checkpoint, curves, evaluate, report, runfolder, stopping
+    import evaluate
+    from infra import checkpoint, curves, report, runfolder, stopping
 
     results, cases = sys.argv[1], [arg.split(":", 2) for arg in sys.argv[2:]]   # limit:folder:name
     BIG = 100_000                       # floats: 400 kB, past the limit (200 kB)
@@ -306,7 +307,8 @@ def test_train_py_on_a_2_mb_disk_exits_in_one_line_naming_the_disk(tmp_path, tin
 def test_the_lock_is_freed_when_its_holder_is_killed_though_a_child_it_forked_lives_on(tmp_path):
     folder = str(tmp_path / "run")
     code = textwrap.dedent(f"""
-        import multiprocessing, time, runfolder
+        import multiprocessing, time
+        from infra import runfolder
         runfolder.lock_folder({folder!r})
         child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
         child.start()
@@ -334,7 +336,7 @@ KILLED_SAVE = textwrap.dedent(r"""
     import torch
     from safetensors.torch import save_file
     from buffer import ReplayBuffer
-    import checkpoint
+    from infra import checkpoint
 
     run, pristine = sys.argv[1], sys.argv[1] + ".pristine"
 
@@ -426,7 +428,8 @@ def test_the_next_conversion_removes_what_a_killed_one_left(tmp_path, monkeypatc
     gguf, cache = tmp_path / "model.gguf", tmp_path / "cache"
     gguf.write_bytes(b"GGUF stand-in")
     killed = textwrap.dedent(f"""
-        import os, pretrained
+        import os
+        from infra import pretrained
         def killed(path, folder):                           # killed half-way: no cleanup runs
             os.makedirs(folder)
             open(os.path.join(folder, "model.safetensors"), "wb").write(b"half")

@@ -9,9 +9,10 @@ from peft import PeftModel
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-import demo_model
+from infra import demo_model
 from buffer import collate
-from replay_rl import completion_logp, load_policy, update_step_engineered
+from replay_rl import completion_logp, load_policy
+from infra.engineered_update import update_step_engineered
 from rollout import generate_rollouts
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}

@@ -114,8 +114,8 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
     one cache kept across rounds of the same shape."""
     from transformers import CompileConfig
 
-    from replay_rl import update_step_engineered
-    from fast_decoding import FastDecoding
+    from infra.engineered_update import update_step_engineered
+    from infra.fast_decoding import FastDecoding
 
     torch.manual_seed(0)
     model, tokenizer = load_policy(tiny_path, lora_r=8)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-import checkpoint
-import loading
-import runfolder
+from infra import checkpoint
+from infra import loading
+from infra import runfolder
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +64,8 @@ def test_default_run_folders_are_unique_within_one_second(tmp_path, monkeypatch)
 def hold_lock(run, name=".lock"):
     """Another process that holds the folder's lock (name) until killed."""
     code = textwrap.dedent(f"""
-        import sys, runfolder
+        import sys
+        from infra import runfolder
         runfolder.lock_folder({run!r}, {name!r})
         print("locked", flush=True)
         sys.stdin.read()

@@ -11,11 +11,12 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import pretrained
+from infra import checkpoint
+from infra import pretrained
 import tasks
 from buffer import collate
-from replay_rl import completion_logp, load_policy, update_step_engineered
+from replay_rl import completion_logp, load_policy
+from infra.engineered_update import update_step_engineered
 from rollout import generate_rollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

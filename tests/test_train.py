@@ -61,7 +61,7 @@ def test_help_shows_the_choices_of_fields_that_have_them(capsys):
 
 
 def test_out_of_memory_help_names_the_knobs_in_the_order_that_frees_the_most():
-    import cli
+    from infra import cli
     knobs = ["--gradient-checkpointing", "--micro-batch-size 2", "--load-in-4bit", "--prompts-per-round",
              "--num-generations", "--max-new-tokens", "--model"]
     where = [cli.OOM_HELP.index(k) for k in knobs]
@@ -124,9 +124,10 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
     ids = torch.tensor([[5, 6, 14, 7, 17]])
     plain = AutoModelForCausalLM.from_pretrained(tiny_path)
+    from infra.demo_model import char_tokenizer
     with torch.no_grad():
         assert not torch.allclose(reloaded(ids).logits, plain(ids).logits, atol=1e-4)   # the adapter changed it
-        acc = __import__("rollout").greedy_accuracy(reloaded, __import__("demo_model").char_tokenizer(),
+        acc = __import__("rollout").greedy_accuracy(reloaded, char_tokenizer(),
                                                     addition.eval_prompts[:200], addition.reward,
                                                     max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)
@@ -277,7 +278,7 @@ def test_learning_starts_keeps_a_backlog_each_rollout_used_once(tmp_path, tiny_p
 def test_the_smollm2_default_says_its_measured_reuse_differs_from_kbr(needs_smollm2):
     """--model smollm2 stores only informative groups: K*B/R counts the generated rollouts, and the
     start-up line says the stored ones are used more, measured in the summary (no model loaded)."""
-    import report
+    from infra import report
     cfg = train.parse_config(["--model", "smollm2"])
     line = report.replay_line(cfg)
     assert line.startswith("replay ratio K*B/R = 1.00 uses per rollout; staleness horizon N/R = 2.0 rounds "

@@ -330,9 +330,9 @@ def test_issue61_trap11_help_shows_the_models_own_defaults(capsys):
 def test_issue61_trap12_no_progress_hides_what_its_help_says(capsys):
     """--no-progress said it hid the start-up summary; it hid the end-of-run summary too. The help
     now names both, and the behaviour is that."""
-    import report
+    from infra import report
     import train
-    from checkpoint import LoopState
+    from infra.checkpoint import LoopState
     help_text = next(f.metadata["help"] for f in dataclasses.fields(train.Config)
                      if f.name == "progress")
     assert "start-up and end-of-run summaries" in help_text

@@ -126,8 +126,8 @@ def test_a_resume_that_changes_the_rerun_rounds_starts_a_new_wandb_run(tmp_path,
 
 def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, monkeypatch, capsys, optional):
     optional("wandb", "--report-to wandb")
-    import cli
-    import loading
+    from infra import cli
+    from infra import loading
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))                               # no ~/.netrc

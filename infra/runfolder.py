@@ -19,7 +19,7 @@ import re
 import shutil
 import time
 
-import distributed
+from infra import distributed
 
 
 # ---- one run's, one writer at a time -----------------------------------------------------------

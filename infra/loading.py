@@ -15,9 +15,9 @@ import time
 
 import torch
 
-import distributed
-import pretrained
-import report
+from infra import distributed
+from infra import pretrained
+from infra import report
 import tasks
 
 
@@ -48,7 +48,7 @@ def eval_rewards(task: tasks.Task, reward) -> dict:
 
 def load_model(cfg, task: tasks.Task, device: str, rank: int):
     """(policy with a fresh LoRA adapter, tokenizer, task with its prompts in the chat template)."""
-    import demo_model
+    from infra import demo_model
     from replay_rl import load_policy, load_tokenizer
 
     model_path = cfg.model
@@ -151,7 +151,7 @@ def pick_dtype(name: str, device: str) -> torch.dtype:
 
 def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
     """--fast-generation: a fast_decoding.FastDecoding kept for the run."""
-    from fast_decoding import FastDecoding
+    from infra.fast_decoding import FastDecoding
 
     # sized once for the longest training prompt: a cache that grows later means a recompile
     longest = max(map(len, tokenizer(task.train_prompts, add_special_tokens=False).input_ids))

@@ -16,11 +16,11 @@ import json
 import math
 import os
 
-import checkpoint
-import distributed
-import pretrained
-import report
-import runfolder
+from infra import checkpoint
+from infra import distributed
+from infra import pretrained
+from infra import report
+from infra import runfolder
 import tasks
 from buffer import zero_advantage_filter_fits
 from replay_rl import MIN_TEMPERATURE     # below it the loss is 0 (sampling is greedy in effect)
@@ -166,7 +166,7 @@ def canonical(field: str, value, task: str):
     """A RESUME_FIXED value as the model it names: --warm-start-steps 0 is the task's own length
     (demo_model.WARM_START: 2000; demo_model.WARM_STARTS: columns 800), so 0 and 2000 build the same model."""
     if field == "warm_start_steps":
-        import demo_model
+        from infra import demo_model
         return value or demo_model.WARM_STARTS.get(task, demo_model.WARM_START)["steps"]
     return value
 
@@ -238,7 +238,7 @@ def vocab_size(model: str, trust_remote_code: bool = False) -> int | None:
     tokenizer), or None where that cannot be done here (not cached, not installed)."""
     try:
         if model == "tiny":
-            import demo_model
+            from infra import demo_model
             return len(demo_model.char_tokenizer())
         from transformers import AutoConfig
         folder = pretrained.resolve(model, log=lambda line: None)   # smollm2, .gguf: converted

@@ -25,7 +25,7 @@ The written-work task's phase 1 stays at 3e-3: there every seed built converges.
 
 The default model of each task (warm-start seed 0) ships with the repository (``demo.safetensors``,
 ``demo_columns.safetensors``) so that every machine starts RL from the same weights; ``python
-demo_model.py --rebuild [--task columns]`` rebuilds that file with this code (with the machine's threads:
+-m infra.demo_model --rebuild [--task columns]`` rebuilds that file with this code (with the machine's threads:
 the shipped addition model was built with one thread, the columns one with two, and float rounding
 may differ). Other seeds and lengths are built on first use. Either way the model is cached as an
 HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/replay-rl``.
@@ -236,7 +236,7 @@ if __name__ == "__main__":
     import argparse
 
     import tasks
-    parser = argparse.ArgumentParser(prog="demo_model.py", description="The embedded demo model: build (and cache) one, or "
+    parser = argparse.ArgumentParser(prog="python -m infra.demo_model", description="The embedded demo model: build (and cache) one, or "
                                                  "rebuild a shipped one (demo.safetensors, demo_columns.safetensors).")
     parser.add_argument("--rebuild", action="store_true",
                         help="warm-start the task's default model afresh and overwrite its shipped file")

@@ -25,10 +25,10 @@ import traceback
 
 import torch
 
-import checkpoint
-import distributed
-import runfolder
-from checkpoint import find, rng_states, set_rng_states
+from infra import checkpoint
+from infra import distributed
+from infra import runfolder
+from infra.checkpoint import find, rng_states, set_rng_states
 
 
 def disk_full_message(e: runfolder.DiskFull) -> str:
@@ -83,8 +83,8 @@ def ending_in_words(e: BaseException) -> str:
     """What ended a run, for its last line: a reward's error and a SystemExit's message as they
     are (the loop's own 'Last checkpoint' dropped: the saved one follows), out of GPU memory as
     the knobs that help, else the exception, its first line and where it was raised."""
-    from cli import OOM_HELP
-    from loading import RewardError
+    from infra.cli import OOM_HELP
+    from infra.loading import RewardError
 
     frames = traceback.extract_tb(e.__traceback__)
     where = f" (raised at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" \
@@ -114,9 +114,9 @@ def main(config_class, train, argv, doc: str) -> dict:
     """python train.py's frame around the loop: the flags (cli.parse), the task, then
     train(cfg, task, stop, saved); out of memory, a full disk and a damaged checkpoint as one line;
     from the first moment a first Ctrl-C keeps the run, a second exits at once."""
-    import cli
-    import loading
-    import report
+    from infra import cli
+    from infra import loading
+    from infra import report
 
     stop = StopRequest()                # from here on, a first Ctrl-C keeps the run
     try:

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-import distributed
-import runfolder
-from curves import plot_run
+from infra import distributed
+from infra import runfolder
+from infra.curves import plot_run
 
 
 # the loop's counters, at the head of every line of metrics.jsonl

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import distributed
-import runfolder
+from infra import distributed
+from infra import runfolder
 
 
 @dataclass
