@@ -34,6 +34,17 @@ def steps_and_uses(run):
     return steps, max(i for i, n in enumerate(left) if n)
 
 
+def stop_for_good(pid: int, settle: float = 3.0) -> None:
+    """SIGSTOP that stays: sent while the worker runs (not while the trainer holds it for an eval,
+    which would continue it after: the trainer cannot tell that stop from its own), and sent again
+    if an eval under way continued it within ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        if not stopping.stopped(pid):
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 @linux
 def test_a_stalled_worker_is_named_the_run_saved_and_reuse_stays_within_the_cap(tmp_path, tiny_path):
@@ -45,8 +56,8 @@ def test_a_stalled_worker_is_named_the_run_saved_and_reuse_stays_within_the_cap(
                  "--worker-timeout", "4")
     wait_for_step(run, proc, steps=2)
     (worker,) = workers(proc.pid)
-    os.kill(worker, signal.SIGSTOP)
     stopped = time.monotonic()
+    stop_for_good(worker)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     last = err.strip().splitlines()[-1]
