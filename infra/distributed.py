@@ -122,6 +122,15 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def close() -> None:
+    """The end of a run under torchrun: each rank waits for the others, then leaves the group. A
+    rank that exits while another still works can abort in gloo's teardown (SIGABRT, "terminate
+    called without an active exception"), and torchrun then reports the job failed."""
+    if world_size() > 1 and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def print0(*args, **kwargs) -> None:
     """print, on rank 0 only (W processes would print every line W times)."""
     if is_main():

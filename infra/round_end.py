@@ -61,5 +61,6 @@ def finish(run) -> dict:
     run.report.close()
     checkpoint.save_adapter(run.model, os.path.join(run.out, "adapter"))
     report.summary(run.cfg, state, run.out)
+    distributed.close()
     return {"first_accuracy": state.first_accuracy, "final_accuracy": state.last_accuracy,
             "output_dir": run.out, **asdict(state)}

@@ -85,6 +85,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
                           {str(tmp_path)!r} + f"/{{normalization}}.safetensors")
         if rank == 0:
             json.dump(out, open({str(tmp_path / "metrics.json")!r}, "w"))
+        dist.barrier()                      # no rank leaves while another works: gloo can abort at exit
         dist.destroy_process_group()
     """))
     torchrun([str(script)], tmp_path)
