@@ -1,18 +1,22 @@
-"""The paper's system: generation workers that sample while the trainer steps (waiting only for an
-order when the buffer has no room, and for weights past --max-lag), pushing rollouts to its buffer.
+"""The paper's system: generation workers that sample while the trainer steps, pushing rollouts to
+its buffer. A worker waits for an order (order_rounds: none while the buffer has no room for a round
+unused, or rounds_ahead rounds are on their way; orders go out between steps) and, with --max-lag,
+for newer weights; during an eval the trainer holds it stopped, off the clocks.
 
     python train.py --generators 1          # one worker process generates while the trainer steps
 
     worker (--generators of them, each a process with its own copy of the policy)
         for each order (P prompts) the trainer gives:
-            load the newest published weights (wait for newer ones if more than --max-lag behind)
+            load the newest published weights (--max-lag: wait for the next publish if they are
+            more than L steps behind the trainer)
             rollouts <- G samples per prompt, with log mu and A, stamped with that version
             push them to the trainer
     trainer (train.py's process)
         publish the adapter's weights; evaluate (step 0)
         until the budget of rounds is in:
             order rounds while the buffer has room for their rollouts unused
-            take what the workers pushed -> buffer.add (all of it: nothing generated is thrown away)
+            take what the workers pushed -> buffer.add (every round whole, but the rollouts the
+            zero-advantage filter drops; --max-age and eviction can drop a rollout unused: counted)
             when a step is due (B in the buffer; with S, S new ones since the last steps):
                 sample B -> one optimizer step; every --sync-every steps publish the weights
             eval and checkpoint when due
@@ -73,14 +77,15 @@ def train_async(run, sample_batch, take_step) -> None:
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     """A worker: for each order, the newest weights, one round of rollouts, pushed. It waits twice:
-    for an order (the trainer gives none while the buffer has no room for a round unused) and, past
-    --max-lag steps behind the trainer, for newer weights. cfg: the run's Config with
-    max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream (workers.py's
-    worker_main seeds it: two workers with one stream would sample the same completions)."""
+    for an order (order_rounds says when the trainer gives one) and, with --max-lag L, for the next
+    publish when the newest weights are more than L steps behind the trainer. cfg: the run's Config
+    with max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream
+    (workers.py's worker_main seeds it: two workers with one stream would sample the same
+    completions)."""
     if not cfg.max_new_tokens > 0:
         raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
-    while (prompts := link.next_order()) is not None:       # waits while the buffer has no room
+    while (prompts := link.next_order()) is not None:       # waits until the trainer orders
         version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, gen = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
@@ -157,9 +162,9 @@ def rounds_ahead(n_workers: int, batch_size: int, rollouts_per_round: int) -> in
 
 
 def room_for_a_round(run, outstanding: int) -> bool:
-    """Whether a round of R more rollouts, after those on their way, would evict (FIFO: the oldest
-    first) only rollouts already used: the worker waits instead of generating what would push an
-    unused one out."""
+    """Whether a round of R = P x G more rollouts (the most a round stores), after those on their
+    way, would evict (FIFO: the oldest first) only rollouts already used: the worker waits instead
+    of generating what would push an unused one out."""
     R, items = run.cfg.rollouts_per_round, run.buffer.items
     evicted = len(items) + (outstanding + 1) * R - run.cfg.buffer_size
     return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])

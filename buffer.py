@@ -18,12 +18,13 @@ Variants (off by default; the method is the plain FIFO above), from the paper's 
                                   used once), however many batches are drawn from what is held;
   keep_correct_frac = delta > 0   positive-bias retention (delta: the part of the N slots kept
                                   for older correct rollouts): when full, keep the freshest
-                                  (1 - delta) * N rollouts (at least the whole newest batch, so
-                                  no fresh rollout is evicted unused) plus, in the other slots, the
-                                  freshest *correct* older rollouts (reward >= correct_reward,
-                                  default 1.0: a task's full reward, not merely > 0); slots that
-                                  correct ones cannot fill go to the freshest other older ones,
-                                  so the buffer stays full;
+                                  (1 - delta) * N rollouts (at least those of the latest add(),
+                                  unused; with several adds before a draw, an earlier add's
+                                  unused ones can go, which FIFO would keep) plus, in the other
+                                  slots, the freshest *correct* older rollouts (reward >=
+                                  correct_reward, default 1.0: a task's full reward, not merely
+                                  > 0); slots that correct ones cannot fill go to the freshest
+                                  other older ones, so the buffer stays full;
   skip_zero_advantage             never store rollouts whose advantage is 0 (their group's
                                   rewards were all equal): right only for losses that get no
                                   gradient from them, so it needs the loss named (loss_type, beta)
@@ -77,8 +78,9 @@ class Rollout:
 
 def zero_advantage_filter_fits(loss_type: str | None, beta: float) -> bool:
     """Whether rollouts of A = 0 carry no gradient under this loss, so skip_zero_advantage drops
-    nothing it trains on: tis and ppo without the KL term (asymre weighs them by tau, the KL
-    term by beta)."""
+    none that has one: tis and ppo without the KL term (asymre weighs them by tau, the KL term by
+    beta). The step still changes: under token_mean their tokens leave the normalizer, so the same
+    gradient is divided by fewer tokens (1 / (1 - the share of tokens dropped) larger)."""
     return loss_type in ("tis", "ppo") and not beta > 0
 
 
@@ -153,8 +155,9 @@ class ReplayBuffer:
 
     def evict_keeping_correct(self, n_new: int) -> None:
         """A variant, positive-bias retention: keep the freshest (1 - delta) * N, never fewer than
-        the n_new just added, plus in the other slots the freshest correct older ones (reward >=
-        correct_reward), then the freshest other older ones."""
+        the n_new just added (an earlier add's unused rollouts are not protected), plus in the
+        other slots the freshest correct older ones (reward >= correct_reward), then the freshest
+        other older ones."""
         n_fresh = min(self.capacity,
                       max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
@@ -201,6 +204,8 @@ class ReplayBuffer:
         rollouts older than max_age leave before the draw."""
         if max_uses is not None and max_uses < 1:
             raise ValueError(f"max_uses {max_uses}: None is no cap; below 1 nothing could be used")
+        if remove and max_uses is not None:
+            raise ValueError(f"remove with max_uses {max_uses}: remove is max_uses = 1; give one")
         if self.max_age is not None:
             if policy_version is None:
                 raise ValueError(f"max_age {self.max_age}: pass sample(..., policy_version=) "
@@ -259,6 +264,9 @@ class ReplayBuffer:
                              "the T they were sampled at")
         else:
             temperatures = [temperature] * len(prompts)
+        if len(prompts) > self.capacity:
+            raise ValueError(f"a state of {len(prompts)} rollouts into a buffer of capacity "
+                             f"{self.capacity}: build the buffer as large as the one saved")
         self.items = [Rollout(p.clone(), c.clone(), lp.clone(), reward=state["reward"][i].item(),
                               advantage=state["advantage"][i].item(),
                               policy_version=int(state["policy_version"][i]),

@@ -335,33 +335,36 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
 @torch.inference_mode()
 def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int, cache=None):
     """The KV cache that ``generate`` would build from ``copies`` copies of each prompt, with each
-    prompt token through the model once: (input_ids, attention_mask) [P * copies, L] and
-    {cache keyword: cache} holding their first L - 1 columns, for ``generate(input_ids=...,
+    prompt token through the model once: (input_ids, attention_mask) [P * copies, columns] and
+    {cache keyword: cache} holding their first columns - 1, for ``generate(input_ids=...,
     attention_mask=..., **cache)``, which runs the last column and samples from there.
-    Layout: the S first tokens that every prompt shares (a chat template's system prompt), then
-    each prompt's rest, left-padded:   ids [P, L] = [prefix | pad ... pad rest_i],
+    Layout: the first ``shared`` tokens, the same in every prompt (a chat template's system
+    prompt), then each prompt's rest, left-padded:
+        ids [P, columns] = [prefix | pad ... pad rest_i],
         mask = [1 ... 1 | 0 ... 0 1 ... 1],   position = cumsum(mask) - 1 (as generate counts),
     so each token sits at its unpadded position and attends to the tokens before it: the same
-    distribution as left-padded copies, up to rounding. The prefix (S <= the shortest prompt - 1)
-    runs once, batch 1, its rows repeated P times; the rests but their last column run on it; then
-    every row is repeated ``copies`` times into ``cache`` (default a DynamicCache; fast_decoding's
-    empty StaticCache alike). Nothing to share (S = 0, one copy): no cache, generate's own."""
+    distribution as left-padded copies, up to rounding. The prefix (``shared`` <= the shortest
+    prompt - 1) runs once, batch 1, its rows repeated P times; the rests but their last column run
+    on it; then every row is repeated ``copies`` times into ``cache`` (default a DynamicCache;
+    fast_decoding's empty StaticCache alike). Nothing to share (shared = 0, one copy): no cache,
+    generate's own."""
     device = next(model.parameters()).device
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x
     keyword = ("cache" if "cache" in inspect.signature(base.forward).parameters
                else "past_key_values")
     lengths, rows = [len(ids) for ids in prompt_ids], [ids.tolist() for ids in prompt_ids]
-    S = 0
-    while S < min(lengths) - 1 and all(row[S] == rows[0][S] for row in rows):
-        S += 1
-    width = max(lengths) - S
-    ids = torch.full((len(prompt_ids), S + width), pad_id, dtype=torch.long)
+    shared = 0
+    while shared < min(lengths) - 1 and all(row[shared] == rows[0][shared] for row in rows):
+        shared += 1
+    width = max(lengths) - shared
+    ids = torch.full((len(prompt_ids), shared + width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompt_ids):
-        ids[row, :S], ids[row, S + width - (len(prompt) - S):] = prompt[:S], prompt[S:]
-        mask[row, :S], mask[row, S + width - (len(prompt) - S):] = 1, 1
-    if S == 0 and copies == 1 and cache is None:    # nothing shared: generate prefills as usual
+        start = shared + width - (len(prompt) - shared)         # the rest's first column
+        ids[row, :shared], ids[row, start:] = prompt[:shared], prompt[shared:]
+        mask[row, :shared], mask[row, start:] = 1, 1
+    if shared == 0 and copies == 1 and cache is None:   # nothing shared: generate prefills as usual
         return ids.to(device), mask.to(device), {}
     ids, mask = ids.to(device), mask.to(device)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -369,11 +372,11 @@ def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int
         input_ids=ids[batch, cols], attention_mask=mask[batch, :cols.stop],
         position_ids=position[batch, cols], use_cache=True, logits_to_keep=1, **{keyword: into})
     prompts = DynamicCache(config=base.config)
-    if S:
-        forward(slice(0, S), slice(0, 1), prefix := DynamicCache(config=base.config))
+    if shared:
+        forward(slice(0, shared), slice(0, 1), prefix := DynamicCache(config=base.config))
         prompts = repeat_rows(prefix, len(prompt_ids), prompts)
     if width > 1:
-        forward(slice(S, S + width - 1), slice(None), prompts)
+        forward(slice(shared, shared + width - 1), slice(None), prompts)
     if copies > 1 or cache is not None:
         into = DynamicCache(config=base.config) if cache is None else cache
         prompts = repeat_rows(prompts, copies, into)
@@ -381,8 +384,8 @@ def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int
 
 
 def repeat_rows(cache, copies: int, into):
-    """``into`` (an empty cache) given each layer's keys and values [B, heads, len, dim] of
-    ``cache`` with every row repeated ``copies`` times: [B * copies, heads, len, dim]."""
+    """``into`` (an empty cache) given each layer's keys and values [rows, heads, len, dim] of
+    ``cache`` with every row repeated ``copies`` times: [rows * copies, heads, len, dim]."""
     for index, layer in enumerate(cache.layers):
         if layer.is_initialized and layer.get_seq_length() > 0:
             into.update(layer.keys.repeat_interleave(copies, 0),
@@ -396,20 +399,22 @@ def greedy_completions(model, inputs: dict, cache: dict, gen_config: GenerationC
     batch once it holds an end token: generate runs ``steps`` tokens at a time, and between runs
     the ended rows are set aside and their rows of the KV cache dropped, so that a batch costs its
     replies' tokens rather than rows x the longest reply. Greedy decoding is the same whichever
-    rows share the batch (up to rounding). inputs: input_ids, attention_mask [rows, L]; cache:
-    {keyword: the prompts' cache} (prefill_once's) or {} (generate builds one)."""
-    ids, mask, L = inputs["input_ids"], inputs["attention_mask"], inputs["input_ids"].shape[1]
+    rows share the batch (up to rounding). inputs: input_ids, attention_mask [rows, prompt_len];
+    cache: {keyword: the prompts' cache} (prefill_once's) or {} (generate builds one)."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    prompt_len = ids.shape[1]
     eos = torch.tensor(gen_config.eos_token_id, device=ids.device)
     rows, new = list(range(len(ids))), [None] * len(ids)
     config = copy.deepcopy(gen_config)
     config.return_dict_in_generate = True       # in the config: as a keyword, generate warns
     while True:
-        config.max_new_tokens = min(steps, gen_config.max_new_tokens - (ids.shape[1] - L))
+        config.max_new_tokens = min(steps, gen_config.max_new_tokens - (ids.shape[1] - prompt_len))
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **cache)
-        ids = out.sequences                                  # [rows, L + tokens so far]
-        for row, tokens in zip(rows, ids[:, L:].tolist()):
+        ids = out.sequences                                  # [rows, prompt_len + tokens so far]
+        for row, tokens in zip(rows, ids[:, prompt_len:].tolist()):
             new[row] = tokens
-        ended = torch.isin(ids[:, L:], eos).any(1) | (ids.shape[1] - L >= gen_config.max_new_tokens)
+        ended = (torch.isin(ids[:, prompt_len:], eos).any(1)
+                 | (ids.shape[1] - prompt_len >= gen_config.max_new_tokens))
         keep = (~ended).nonzero().squeeze(1)
         if not len(keep):
             return new

@@ -80,7 +80,8 @@ class Config:
     new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
         "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
     learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
-        "the synchronous loop); 0 = B. With --no-reuse, S = B: one use each, at ages ~N/B - 1")
+        "the synchronous loop); 0 = B. Staleness without reuse: --no-reuse --new-per-update B "
+        "--learning-starts N (one use each, at ages ~N/B - 1)")
     # loss and optimizer
     loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
         "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
@@ -129,8 +130,9 @@ class Config:
     generator_devices: str = opt("", "the workers' devices, comma-separated (e.g. cuda:1,cuda:2); "
         "default: the trainer's")
     sync_every: int = opt(1, "publish the adapter's weights to the workers every this many steps")
-    max_lag: int = opt(0, "a worker more than this many steps behind the trainer waits for newer "
-        "weights before it generates; 0 = no bound")
+    max_lag: int = opt(0, "L, with --sync-every E > L + 1: a worker whose newest weights are more "
+        "than L steps behind the trainer waits for the next publish before it generates (the "
+        "weights a round starts from; a rollout's age when trained: --max-age); 0 = no wait")
     lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
         "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
     max_uses: int = opt(4, "with --generators: a rollout used this many times leaves the buffer "
@@ -191,7 +193,9 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     last safe point (stopping.py); --resume continues a round a stop cut short (rounds)."""
     run = setup(cfg, task, saved, stop)
     K, B, S = cfg.updates_per_round, cfg.batch_size, cfg.new_per_update
-    # replay_rl.update_step, or the same step with the engineering the flags ask for
+    # replay_rl.update_step's step: by default engineered (--logp-chunk 256: log-probs 256 tokens
+    # at a time, the same values up to rounding); --logp-chunk 0, no other engineering flag:
+    # update_step itself
     update_step = engineered_update.update_step_for(cfg, run.state.world_size)
     with stop.keeping(run, save):               # an ending: a checkpoint, one line, how to resume
         if cfg.generators:                      # the paper's async system: worker processes

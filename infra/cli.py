@@ -341,12 +341,16 @@ def async_problem(cfg) -> str | None:
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if not cfg.generators:
-        given = [f for f in ("generator_devices", "lockstep") if getattr(cfg, f)]
+        given = [f for f in ("generator_devices", "lockstep", "max_lag") if getattr(cfg, f)]
         return (f"--{given[0].replace('_', '-')}: only with --generators 1 or more" if given
                 else None)
     if cfg.learning_starts:
         return ("--learning-starts with --generators: the synchronous loop's only (the trainer "
                 "steps once B are in)")
+    if cfg.keep_correct_frac:
+        return (f"--keep-correct-frac {cfg.keep_correct_frac} with --generators: it keeps only the "
+                "latest round's rollouts from eviction, and rounds arrive between steps: an "
+                "earlier one's unused rollouts would go, where the workers wait for room")
     if problem := devices_problem(cfg):
         return problem
     if distributed.world_size() > 1:
@@ -363,10 +367,13 @@ def async_problem(cfg) -> str | None:
     if cfg.lockstep and (cfg.sync_every != 1 or cfg.new_per_update):
         return ("--lockstep: K updates after each round, with the weights published after every "
                 "step, as the synchronous loop: use it with --sync-every 1 and --new-per-update 0")
-    if cfg.new_per_update and 0 < cfg.max_lag < cfg.sync_every - 1:
-        return (f"--max-lag {cfg.max_lag} with --sync-every {cfg.sync_every} and --new-per-update: "
-                "a worker would wait for weights the trainer publishes only after steps that wait "
-                f"for that worker's rollouts; use --max-lag 0 or >= {cfg.sync_every - 1}")
+    if cfg.max_lag and cfg.new_per_update:
+        return (f"--max-lag {cfg.max_lag} with --new-per-update: a worker would wait for weights "
+                "the trainer publishes only after steps that wait for that worker's rollouts")
+    if cfg.max_lag and cfg.max_lag >= cfg.sync_every - 1:
+        return (f"--max-lag {cfg.max_lag} with --sync-every {cfg.sync_every}: never waits (the "
+                f"published weights are at most {cfg.sync_every - 1} steps behind the trainer); "
+                f"a bound of L steps needs --sync-every L + 2 or more")
     return None
 
 

@@ -333,6 +333,9 @@ def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path):
 
 
 REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
+            (["--max-lag", "1"], "--max-lag: only with --generators 1 or more"),
+            (["--generators", "1", "--keep-correct-frac", "0.25"],
+             "--keep-correct-frac 0.25 with --generators"),
             (["--generator-devices", "cpu"], "--generator-devices: only with --generators"),
             (["--generators", "-1"], "--generators -1: must be >= 0"),
             (["--generators", "1", "--sync-every", "0"], "--sync-every 0: must be > 0"),
@@ -341,7 +344,10 @@ REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
             (["--generators", "1", "--lockstep", "--sync-every", "2"], "--lockstep"),
             (["--generators", "1", "--updates-per-round", "2"], "not K times a round"),
             (["--generators", "1", "--sync-every", "4", "--max-lag", "1",
-              "--new-per-update", "128"], "--max-lag 1 with --sync-every 4")]
+              "--new-per-update", "128"], "--max-lag 1 with --new-per-update"),
+            (["--generators", "1", "--max-lag", "2"],
+             "--max-lag 2 with --sync-every 1: never waits"),
+            (["--generators", "1", "--sync-every", "4", "--max-lag", "3"], "never waits")]
 
 
 @pytest.mark.parametrize("flags, says", REFUSALS, ids=[" ".join(f) for f, _ in REFUSALS])
@@ -364,3 +370,37 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert err.strip().splitlines() == ["interrupted while starting: nothing saved"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_worker_past_max_lag_waits_for_the_next_publish_and_not_at_the_bound():
+    """WorkerLink.load_weights alone: weights published at step 4, the trainer at step 6 (2 behind).
+    --max-lag 1 waits until the next publish (step 8, 0.3 s later) and loads it; --max-lag 2 takes
+    version 4 at once."""
+    import threading
+    import types
+    import torch
+
+    def link(max_lag, version, trainer_step, weights):
+        return worker_processes.WorkerLink(0, None, None, weights, version, trainer_step,
+                                           threading.Lock(), os.getppid(),
+                                           types.SimpleNamespace(max_lag=max_lag))
+
+    def values():
+        return types.SimpleNamespace(value=4), types.SimpleNamespace(value=6), torch.zeros(3)
+
+    version, trainer_step, weights = values()
+    at_bound, model = link(2, version, trainer_step, weights), torch.nn.Linear(1, 3, bias=False)
+    assert at_bound.load_weights(model) == 4 and at_bound.times[0] < 0.1
+    assert torch.equal(model.weight.detach().flatten(), torch.zeros(3))
+
+    version, trainer_step, weights = values()
+    past = link(1, version, trainer_step, weights)
+
+    def publish():                               # the trainer's step 8: new weights, then the version
+        time.sleep(0.3)
+        weights.fill_(1.0)
+        trainer_step.value = version.value = 8
+    threading.Thread(target=publish).start()
+    assert past.load_weights(model) == 8
+    assert past.times[0] >= 0.25                 # it waited, booked as waiting for weights
+    assert torch.equal(model.weight.detach().flatten(), torch.ones(3))

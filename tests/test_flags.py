@@ -108,7 +108,7 @@ trust_remote_code      | --trust-remote-code            | config   | config   | 
 generators             | --generators 2                 | config   | config   | config  |
 generator_devices      | --generator-devices cpu --generators 1 | config | config | config | default: the trainer's
 sync_every             | --sync-every 2                 | config   | config   | config  | to the workers
-max_lag                | --max-lag 2                    | config   | config   | config  | a worker
+max_lag                | --max-lag 1 --sync-every 3 --generators 1 | config | config | config | a worker
 lockstep               | --lockstep --generators 1      | config   | config   | config  | with --generators
 max_uses               | --max-uses 2                   | config   | config   | config  | with --generators
 worker_timeout         | --worker-timeout 5             | config   | config   | config  | with --generators

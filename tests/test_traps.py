@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 
 import minimal
 from buffer import ReplayBuffer, Rollout, collate
-from replay_rl import completion_logp, load_policy, log_pi_coefficient, policy_loss, update_step
+from replay_rl import completion_logp, log_pi_coefficient, policy_loss, update_step
 from rollout import PLAIN_SAMPLING, BehaviourLogProbs, generate_rollouts
 
 
@@ -341,3 +341,28 @@ def test_issue61_trap12_no_progress_hides_what_its_help_says(capsys):
     assert capsys.readouterr().out == ""
     report.summary(train.Config(), state, "runs/x")
     assert "eval accuracy: 0.300 at step 0 -> 0.500" in capsys.readouterr().out
+
+
+def test_review_trap_a_buffer_loads_no_more_than_it_holds():
+    """load_state_dict filled a ReplayBuffer(4) with a state of 8, and sample drew from all 8 until
+    the next add. A state larger than the capacity is refused; one that fits loads whole."""
+    full = ReplayBuffer(8, seed=0)
+    full.add([hand_built(float(i), baseline=0.5, temperature=1.0) for i in range(8)])
+    with pytest.raises(ValueError, match="a state of 8 rollouts into a buffer of capacity 4"):
+        ReplayBuffer(4, seed=0).load_state_dict(full.state_dict())
+    same = ReplayBuffer(8, seed=0)
+    same.load_state_dict(full.state_dict())
+    assert [r.reward for r in same.items] == [float(i) for i in range(8)]
+
+
+def test_review_trap_remove_and_max_uses_together_are_refused():
+    """sample(B, remove=True, max_uses=3) used each rollout once: remove won and max_uses was
+    ignored, silently. Both together are refused; each alone acts."""
+    buf = ReplayBuffer(4, seed=0)
+    buf.add([hand_built(float(i), baseline=0.5, temperature=1.0) for i in range(4)])
+    with pytest.raises(ValueError, match="remove with max_uses 3"):
+        buf.sample(2, remove=True, max_uses=3)
+    assert len(buf.items) == 4                  # refused before any draw: nothing used or gone
+    buf.sample(2, max_uses=2)
+    buf.sample(4, max_uses=2)
+    assert len(buf.items) == 2 and all(r.uses == 1 for r in buf.items)   # the two used twice left
