@@ -151,6 +151,22 @@ def per_seed_final_differences(name: str) -> set:
     return out
 
 
+def collapse_final_differences() -> set:
+    """The collapse runs' (docs/results/smollm2_collapse.json) differences of the mean of the last
+    two evals, per seed, between each two arms: the mean with its paired 90% t-interval."""
+    import compare_decisive
+    runs = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_collapse.json")))["runs"]
+    final = {arm: [r["final2"] for r in sorted(rs, key=lambda r: r["seed"])] for arm, rs in runs.items()}
+    out = set()
+    for a in final:
+        for b in final:
+            if a != b:
+                r = compare_decisive.paired_test([x - y for x, y in zip(final[a], final[b])])
+                lo, hi = (claims.number(x, "diff") for x in r["interval_90"])
+                out.add(f"{claims.number(r['mean'], 'diff')} [{lo}, {hi}]")
+    return out
+
+
 def test_the_real_model_prose_states_only_figures_of_its_summaries():
     """The words under the table and the SmolLM2 section: each figure with an interval, or bare
     interval, is one of the summaries' the table reads (or the table's own); one typed from memory
@@ -164,6 +180,7 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
                  "async_demo_lr1e-3.json", "async_smollm2.json", "async_demo_fair.json"):
         stated_figures(claims.read(f"docs/results/{name}"), known)
     known |= per_seed_final_differences("async_smollm2.json")
+    known |= collapse_final_differences()
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
     stated = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_power.json")))
     table += power.table(stated) + power.differences_table(stated)     # checked in test_power
