@@ -8,7 +8,7 @@ for newer weights; during an eval the trainer holds it stopped, off the clocks.
     worker (--generators of them, each a process with its own copy of the policy)
         for each order (P prompts) the trainer gives:
             load the newest published weights (--max-lag: wait for the next publish if they are
-            more than L steps behind the trainer)
+            more than --max-lag steps behind the trainer)
             rollouts <- G samples per prompt, with log mu and A, stamped with that version
             push them to the trainer
     trainer (train.py's process)
@@ -22,9 +22,10 @@ for newer weights; during an eval the trainer holds it stopped, off the clocks.
             eval and checkpoint when due
 
 S = --new-per-update keeps its meaning: K steps for every S new rollouts stored; S = B = N is async
-on-policy (each rollout used once, a step or so stale). S = 0 never waits, the paper's sampler: the
-trainer steps as fast as it can on what the buffer holds (K plays no part), and the replay ratio is
-set by the two rates (measured, not chosen). --lockstep orders each round only once the weights of
+on-policy (each rollout used once, a step or so stale). S = 0, the paper's sampler: the trainer
+steps whenever the buffer holds B (K plays no part), and the replay ratio is set by the two rates
+(measured, not chosen), up to --max-uses U (default 4): a rollout used U times leaves, so once
+what it holds is used up the trainer waits for rounds; --max-uses 0 is the paper's uncapped form. --lockstep orders each round only once the weights of
 every step before it are published: each rollout is then trained on at age 0 with rho = 1, as in
 the synchronous loop (a check of exactness, not a way to train). Async runs are not
 bit-reproducible: which version a worker samples with, and which rounds arrive before a step,
@@ -77,8 +78,8 @@ def train_async(run, sample_batch, take_step) -> None:
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     """A worker: for each order, the newest weights, one round of rollouts, pushed. It waits twice:
-    for an order (order_rounds says when the trainer gives one) and, with --max-lag L, for the next
-    publish when the newest weights are more than L steps behind the trainer. cfg: the run's Config
+    for an order (order_rounds says when the trainer gives one) and, with --max-lag, for the next
+    publish when the newest weights are more steps behind the trainer than it. cfg: the run's Config
     with max_new_tokens resolved (> 0); each worker samples from its own torch RNG stream
     (workers.py's worker_main seeds it: two workers with one stream would sample the same
     completions)."""
@@ -129,7 +130,7 @@ def take_batch(run, sample_batch, B: int):
 
 def step_due(run, workers) -> bool:
     """Whether the trainer steps now: B rollouts in the buffer and, with S or --lockstep, an
-    update due; with S = 0, always (the paper's sampler never waits for new rollouts). Never
+    update due; with S = 0, whenever B are held (rollouts used --max-uses times have left). Never
     before a round has arrived from the workers: a resumed buffer is not stepped on while they
     load their models (each rollout's uses stay within --max-uses in any case)."""
     if len(run.buffer) < run.cfg.batch_size or not workers.delivered:

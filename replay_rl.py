@@ -63,6 +63,20 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tokenizer
 
 
+def dropout_off(model) -> None:
+    """Every dropout rate of the model set to 0, so that its training forward computes the
+    distribution that sampled (rho = 1 on fresh data): nn.Dropout's p and the float attributes
+    that layers pass to F.dropout themselves (attention_dropout; OPT's dropout; Falcon's
+    hidden_dropout; layerdrop). rollout.dropout_rates finds the same ones (each file stands
+    alone)."""
+    for module in model.modules():
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, float) and (
+                    (attr == "p" and isinstance(module, torch.nn.Dropout))
+                    or any(word in attr.lower() for word in ("dropout", "pdrop", "layerdrop"))):
+                setattr(module, attr, 0.0)
+
+
 def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None = None,
                 target_modules="all-linear", load_in_4bit: bool = False, device: str = "cpu",
                 dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
@@ -91,13 +105,7 @@ def load_policy(name_or_path: str, *, lora_r: int = 16, lora_alpha: int | None =
     # Only the end tokens are kept.
     model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
-    # Dropout would make the training forward differ from the sampling one (ratio != 1 on fresh
-    # data).
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):    # HF attention layers
-            module.attention_dropout = 0.0
+    dropout_off(model)      # else the training forward differs from the sampling one (rho != 1)
     lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r if lora_alpha is None else lora_alpha,
                       lora_dropout=0.0, target_modules=target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, lora), tokenizer

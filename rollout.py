@@ -205,16 +205,28 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
-def refuse_active_dropout(model) -> None:
-    """Refuses a model with a module in training mode whose dropout is on (a torch.nn.Dropout of
-    p > 0, an attention layer's attention_dropout > 0): it would sample through dropout, and its
-    tokens' log mu would be of another distribution than the one the loss trains."""
+def dropout_rates(model):
+    """Every dropout rate the model applies in training mode, as (module name, module, attribute,
+    rate): a torch.nn.Dropout's p, and the float attributes that layers pass to F.dropout
+    themselves (attention_dropout in Llama/Qwen; OPT's dropout; Falcon's hidden_dropout;
+    layerdrop, which skips whole layers). replay_rl.load_policy sets each to 0."""
     for name, module in model.named_modules():
-        p = module.p if isinstance(module, torch.nn.Dropout) else getattr(module,
-                                                                          "attention_dropout", 0)
-        if module.training and isinstance(p, float) and p > 0:
-            raise ValueError(f"the model is in training mode with active dropout ({name}: {p:g}): "
-                             "it would sample through it; call model.eval() before sampling")
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, float) and (
+                    (attr == "p" and isinstance(module, torch.nn.Dropout))
+                    or any(word in attr.lower() for word in ("dropout", "pdrop", "layerdrop"))):
+                yield name, module, attr, value
+
+
+def refuse_active_dropout(model) -> None:
+    """Refuses a model with a module in training mode whose dropout is on (any rate of
+    dropout_rates above 0): it would sample through dropout, and its tokens' log mu would be of
+    another distribution than the one the loss trains (or, greedy, score another model)."""
+    for name, module, attr, p in dropout_rates(model):
+        if module.training and p > 0:
+            raise ValueError(f"the model is in training mode with active dropout ({name}.{attr}: "
+                             f"{p:g}): it would sample through it; call model.eval() before "
+                             "sampling")
 
 
 def check_bos(tokenizer, prompts: list[str]) -> None:
@@ -302,6 +314,7 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     completions: shared_prefill, the tokens every prompt of a batch starts with (a system prompt)
     run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
     (``greedy_completions``)."""
+    refuse_active_dropout(model)            # greedy through dropout scores another model
     device = next(model.parameters()).device
     check_bos(tokenizer, prompts)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
@@ -336,18 +349,15 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
 def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int, cache=None):
     """The KV cache that ``generate`` would build from ``copies`` copies of each prompt, with each
     prompt token through the model once: (input_ids, attention_mask) [P * copies, columns] and
-    {cache keyword: cache} holding their first columns - 1, for ``generate(input_ids=...,
-    attention_mask=..., **cache)``, which runs the last column and samples from there.
-    Layout: the first ``shared`` tokens, the same in every prompt (a chat template's system
-    prompt), then each prompt's rest, left-padded:
-        ids [P, columns] = [prefix | pad ... pad rest_i],
-        mask = [1 ... 1 | 0 ... 0 1 ... 1],   position = cumsum(mask) - 1 (as generate counts),
-    so each token sits at its unpadded position and attends to the tokens before it: the same
-    distribution as left-padded copies, up to rounding. The prefix (``shared`` <= the shortest
-    prompt - 1) runs once, batch 1, its rows repeated P times; the rests but their last column run
-    on it; then every row is repeated ``copies`` times into ``cache`` (default a DynamicCache;
-    fast_decoding's empty StaticCache alike). Nothing to share (shared = 0, one copy): no cache,
-    generate's own."""
+    {cache keyword: cache} of all columns but the last, for ``generate(input_ids=...,
+    attention_mask=..., **cache)``, which runs the last column and samples from there. Layout: the
+    first ``shared`` tokens, the same in every prompt (a system prompt), then each one's rest,
+    left-padded: ids [P, columns] = [prefix | pad ... pad rest_i], mask = [1 .. 1 | 0 .. 0 1 .. 1],
+    position = cumsum(mask) - 1 (as generate counts): each token at its unpadded position, attending
+    to those before it, the distribution of left-padded copies up to rounding. The prefix (at most
+    the shortest prompt - 1 tokens) runs once, batch 1, its rows repeated P times; the rests but
+    their last column run on it; every row is then repeated ``copies`` times into ``cache`` (a
+    DynamicCache; fast_decoding's StaticCache alike). Shared 0 and one copy: generate's own."""
     device = next(model.parameters()).device
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x

@@ -130,9 +130,10 @@ class Config:
     generator_devices: str = opt("", "the workers' devices, comma-separated (e.g. cuda:1,cuda:2); "
         "default: the trainer's")
     sync_every: int = opt(1, "publish the adapter's weights to the workers every this many steps")
-    max_lag: int = opt(0, "L, with --sync-every E > L + 1: a worker whose newest weights are more "
-        "than L steps behind the trainer waits for the next publish before it generates (the "
-        "weights a round starts from; a rollout's age when trained: --max-age); 0 = no wait")
+    max_lag: int = opt(0, "with --sync-every at least this + 2: a worker whose newest weights are "
+        "more than this many steps behind the trainer waits for the next publish before it "
+        "generates (the weights a round starts from; a rollout's age when trained: --max-age); "
+        "0 = no wait")
     lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
         "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
     max_uses: int = opt(4, "with --generators: a rollout used this many times leaves the buffer "
@@ -204,8 +205,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
             return finish(run)
         if run.state.first_accuracy is None:
             evaluate(run)                       # step 0: before any update
-        for new in rounds(run):                 # until the budget is spent; a stop saves, exits
-            if new:                             # (--resume: first the round a stop cut short)
+        for new_round in rounds(run):           # until the budget is spent; a stop saves, exits
+            if new_round:                       # (--resume: first the round a stop cut short)
                 with generating(run):           # cut short by a stop: as if not begun
                     prompts = draw_prompts(run)                     # P prompts
                     rollouts, gen = generate(run, prompts)          # G each: log mu, r, A

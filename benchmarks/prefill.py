@@ -289,7 +289,7 @@ def trl_part(steps: int, pairs: int) -> dict:
     import chunked_logp
     env = chunked_logp.ALLOCATORS["default_allocator"]
     found = {"train_py_shared": [], "train_py_plain": [], "trl_grpo": []}
-    plain_patch = ("import rollout; rollout.generate_rollouts.__wrapped__.__kwdefaults__"
+    plain_patch = ("import rollout; rollout.generate_rollouts.__kwdefaults__"
                    "['shared_prefill'] = False; ")
     with tempfile.TemporaryDirectory() as folder:
         for i in range(pairs):

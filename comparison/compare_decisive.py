@@ -34,7 +34,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 RECORDS = "docs/results/records/smollm2_decisive"
-LOSS = "ppo"            # the collapse plan's rule (docs/results/smollm2_collapse.md: its verdict)
+LOSS = "ppo"            # the collapse plan's rule, from its verdict (results/smollm2_collapse.json)
 FIRST_SEED, SEEDS, MORE_SEEDS = 100, 6, 10
 BUDGET, EVERY, TARGET = 6400, 800, 0.45
 SD_TO_EXTEND = 0.34     # the observed sd of the primary log ratio above which the plan goes to 10

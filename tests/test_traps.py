@@ -366,3 +366,34 @@ def test_review_trap_remove_and_max_uses_together_are_refused():
     buf.sample(2, max_uses=2)
     buf.sample(4, max_uses=2)
     assert len(buf.items) == 2 and all(r.uses == 1 for r in buf.items)   # the two used twice left
+
+
+def test_review_trap_dropout_a_layer_applies_itself_is_found_turned_off_and_refused():
+    """OPT keeps its dropout as float attributes (dropout, activation_dropout) that it passes to
+    F.dropout itself: load_policy left three at 0.1, sampling in training mode was not refused,
+    and an update on fresh rollouts in training mode gave is_ratio_max 1.08, not 1.
+    rollout.dropout_rates finds them, replay_rl.dropout_off (what load_policy runs) zeroes them,
+    refuse_active_dropout refuses them in training mode, and greedy evaluation refuses them too."""
+    from transformers import OPTConfig, OPTForCausalLM
+    import replay_rl
+    import rollout
+    torch.manual_seed(0)
+    model = OPTForCausalLM(OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                     num_attention_heads=2, max_position_embeddings=64,
+                                     word_embed_proj_dim=16, dropout=0.1, attention_dropout=0.1,
+                                     activation_dropout=0.1, layerdrop=0.0))
+    found = [(name, attr, rate) for name, module, attr, rate in rollout.dropout_rates(model)
+             if not isinstance(module, torch.nn.Dropout) and rate > 0]
+    assert len(found) >= 2 and all(attr == "dropout" for _, attr, _ in found)    # not nn.Dropout
+    model.train()
+    with pytest.raises(ValueError, match=r"active dropout \(.*dropout: 0.1\)"):
+        rollout.refuse_active_dropout(model)
+    with pytest.raises(ValueError, match="active dropout"):
+        rollout.greedy_rewards(model, None, ["1+1="], {"r": lambda c, p: 0.0}, max_new_tokens=2)
+    ids = torch.arange(1, 9).unsqueeze(0)
+    outputs = {model(ids).logits.sum().item() for _ in range(2)}
+    assert len(outputs) == 2                    # in training mode two forwards differ: dropout acts
+    replay_rl.dropout_off(model)             # what load_policy runs
+    assert all(rate == 0.0 for *_, rate in rollout.dropout_rates(model))
+    rollout.refuse_active_dropout(model)        # nothing left to refuse, in training mode
+    assert len({model(ids).logits.sum().item() for _ in range(2)}) == 1
