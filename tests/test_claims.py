@@ -167,6 +167,25 @@ def collapse_final_differences() -> set:
     return out
 
 
+def decisive_figures() -> set:
+    """The decisive comparison's verdict (docs/results/smollm2_decisive.json, once written), as the
+    page writes its figures: each pair's token ratio with its 90% interval, and its differences
+    (area, entropy over the second half) with theirs."""
+    path = os.path.join(ROOT, "docs", "results", "smollm2_decisive.json")
+    if not os.path.exists(path):
+        return set()
+    ratio = lambda x: claims.number(x, "ratio")
+    out = set()
+    for pair in json.load(open(path))["pairs"].values():
+        lo, hi = pair["token_ratio_90"]
+        out.add(f"{ratio(pair['token_ratio'])} [{ratio(lo).rstrip('x')}, {ratio(hi).rstrip('x')}]")
+        for name in ("area_difference", "entropy_second_half_difference"):
+            d = pair[name]
+            lo, hi = (claims.number(x, "diff") for x in d["interval_90"])
+            out.add(f"{claims.number(d['mean'], 'diff')} [{lo}, {hi}]")
+    return out
+
+
 def test_the_real_model_prose_states_only_figures_of_its_summaries():
     """The words under the table and the SmolLM2 section: each figure with an interval, or bare
     interval, is one of the summaries' the table reads (or the table's own); one typed from memory
@@ -181,6 +200,7 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
         stated_figures(claims.read(f"docs/results/{name}"), known)
     known |= per_seed_final_differences("async_smollm2.json")
     known |= collapse_final_differences()
+    known |= decisive_figures()
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
     stated = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_power.json")))
     table += power.table(stated) + power.differences_table(stated)     # checked in test_power
