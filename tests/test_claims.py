@@ -134,37 +134,34 @@ def stated_figures(node, out: set) -> set:
     return out
 
 
-def per_seed_final_differences(name: str) -> set:
-    """The final-accuracy difference of each pair of a summary's arms, per seed: its mean with the
-    paired 90% t-interval (compare_decisive.paired_test), as the page writes a difference."""
+def written_difference(test: dict) -> str:
+    """A paired test's mean with its 90% interval, as the page writes a difference."""
+    lo, hi = (claims.number(x, "diff") for x in test["interval_90"])
+    return f"{claims.number(test['mean'], 'diff')} [{lo}, {hi}]"
+
+
+def pairwise_differences(final: dict) -> set:
+    """{arm: a figure per seed, in seed order}: each two arms' per-seed difference, its mean with
+    the paired 90% t-interval (compare_decisive.paired_test), as the page writes it."""
     import compare_decisive
+    return {written_difference(compare_decisive.paired_test([x - y for x, y in zip(final[a], final[b])]))
+            for a in final for b in final if a != b}
+
+
+def per_seed_final_differences(name: str) -> set:
+    """The final-accuracy difference of each pair of a summary's arms, per seed."""
     from stats import final_accuracy
     arms = claims.read(f"docs/results/{name}")["arms"]
-    final = {a: [final_accuracy(r["accuracy"]) for r in e["replicates"]] for a, e in arms.items()}
-    out = set()
-    for a in final:
-        for b in final:
-            if a != b:
-                r = compare_decisive.paired_test([x - y for x, y in zip(final[a], final[b])])
-                lo, hi = (claims.number(x, "diff") for x in r["interval_90"])
-                out.add(f"{claims.number(r['mean'], 'diff')} [{lo}, {hi}]")
-    return out
+    return pairwise_differences({a: [final_accuracy(r["accuracy"]) for r in e["replicates"]]
+                                 for a, e in arms.items()})
 
 
 def collapse_final_differences() -> set:
     """The collapse runs' (docs/results/smollm2_collapse.json) differences of the mean of the last
-    two evals, per seed, between each two arms: the mean with its paired 90% t-interval."""
-    import compare_decisive
+    two evals, per seed, between each two arms."""
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_collapse.json")))["runs"]
-    final = {arm: [r["final2"] for r in sorted(rs, key=lambda r: r["seed"])] for arm, rs in runs.items()}
-    out = set()
-    for a in final:
-        for b in final:
-            if a != b:
-                r = compare_decisive.paired_test([x - y for x, y in zip(final[a], final[b])])
-                lo, hi = (claims.number(x, "diff") for x in r["interval_90"])
-                out.add(f"{claims.number(r['mean'], 'diff')} [{lo}, {hi}]")
-    return out
+    return pairwise_differences({arm: [r["final2"] for r in sorted(rs, key=lambda r: r["seed"])]
+                                 for arm, rs in runs.items()})
 
 
 def decisive_figures() -> set:
@@ -179,10 +176,8 @@ def decisive_figures() -> set:
     for pair in json.load(open(path))["pairs"].values():
         lo, hi = pair["token_ratio_90"]
         out.add(f"{ratio(pair['token_ratio'])} [{ratio(lo).rstrip('x')}, {ratio(hi).rstrip('x')}]")
-        for name in ("area_difference", "entropy_second_half_difference"):
-            d = pair[name]
-            lo, hi = (claims.number(x, "diff") for x in d["interval_90"])
-            out.add(f"{claims.number(d['mean'], 'diff')} [{lo}, {hi}]")
+        out |= {written_difference(pair[name])
+                for name in ("area_difference", "entropy_second_half_difference")}
     return out
 
 
