@@ -6,6 +6,7 @@ with less generation than on-policy rounds, beyond chance, and is that reuse or 
     python comparison/compare_decisive.py                   # 6 seeds x 3 arms, two runs at a time
     python comparison/compare_decisive.py --seeds 10        # the plan's extension (its rule)
     python comparison/compare_decisive.py --verdict         # the plan's tests, from the records
+    python comparison/compare_decisive.py --wall-clock      # the async pair, quiet cores (--verdict)
 
 Synchronous loop only (deterministic: token figures need no quiet cores; one thread a run).
 SmolLM2-135M-Instruct, --task sums, one prompt a round of G = 4 at T = 0.7, no zero-advantage
@@ -46,16 +47,79 @@ PAIRS = (("replay", "on_policy"), ("replay", "control"), ("control", "on_policy"
 MU = {"measured": None, "paper_5": 5.0, "paper_7": 7.0}   # generation / training cost per rollout
 
 
-def compare_argv(seeds: int = SEEDS) -> list[str]:
+def compare_argv(seeds: int = SEEDS, arms: dict = ARMS, records: str = RECORDS,
+                 output_dir: str = "runs/smollm2_decisive", jobs: int = 2) -> list[str]:
     argv = ["--model", "smollm2", "--task", "sums", "--num-generations", "4", "--batch-size", "16",
             "--lr", "2.5e-4", "--first-seed", str(FIRST_SEED), "--seeds", str(seeds),
             "--budget-tokens", str(BUDGET), "--evals", str(BUDGET // EVERY), "--eval-prompts",
             "100", "--target", str(TARGET), "--target-rule", "first",
-            "--train-args", "--temperature 0.7", "--arms", *ARMS]
-    for name, flags in ARMS.items():
+            "--train-args", "--temperature 0.7", "--arms", *arms]
+    for name, flags in arms.items():
         argv += ["--arm", name, f"{SHARED} {flags}"]
-    return argv + ["--pairs", *(f"{a}:{b}" for a, b in PAIRS if b != "on_policy"), "--jobs", "2",
-                   "--records", RECORDS, "--output-dir", "runs/smollm2_decisive"]
+    pairs = [f"{a}:{b}" for a, b in PAIRS if b != "on_policy" and a in arms and b in arms]
+    return argv + (["--pairs", *pairs] if pairs else []) + [
+        "--jobs", str(jobs), "--records", records, "--output-dir", output_dir]
+
+
+# ---- the wall-clock pair (the plan's last section): async, quiet cores, one run at a time --------
+# Both arms are the synchronous ones above with one generation worker (--generators 1): the worker
+# and the trainer one thread each (infra/workers.threads_each), so both arms have the same two
+# cores; the worker is held while the trainer evaluates (the fair clocks). compare.py reads every
+# arm against one named on_policy: here that is the async on-policy arm.
+WALL_RECORDS = "docs/results/records/smollm2_decisive_wall"
+WALL_ARMS = {"on_policy": f"--generators 1 {ARMS['on_policy']}",
+             "async_replay": f"--generators 1 {ARMS['replay']}"}
+BUSY_AT_MOST = 0.15     # the machine's busy share of its cores, sampled before the runs
+
+
+def busy_share(seconds: float = 3.0) -> float:
+    """The share of the machine's CPU time not idle over a few seconds (/proc/stat): what else runs
+    on the cores. A wall-clock figure counts only from quiet cores."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]                  # total, idle + iowait
+    import time
+    (t0, i0), _, (t1, i1) = sample(), time.sleep(seconds), sample()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wall_verdict(all_curves: dict) -> dict:
+    """The plan's wall-clock test: per seed, log(async_replay's wall seconds to first reach 0.45 /
+    async on-policy's), a seed that never reaches counted at its last eval's seconds; one-sided
+    paired t at alpha 0.05, the sign-flip p beside it; each run's CPU / wall (two processes of one
+    thread: at most 2)."""
+    seeds = sorted(set.intersection(*(set(c) for c in all_curves.values())))
+    reach, cpu_per_wall = {}, {}
+    for arm, runs in all_curves.items():
+        reach[arm], cpu_per_wall[arm] = {}, {}
+        for s in seeds:
+            curve = runs[s]
+            reach[arm][s] = {**first_reach(curve), "seconds": seconds_at(curve)}
+            last = curve["record"]["evals"][-1]
+            cpu_per_wall[arm][s] = ((last["gen_cpu_seconds"] + last["train_cpu_seconds"])
+                                    / last["wall_seconds"])
+    out = {"seeds": seeds, "target": TARGET, "budget_tokens": BUDGET,
+           "reached": {a: sum(r["reached"] for r in reach[a].values()) for a in reach},
+           "seconds_to_first_reach": {a: [reach[a][s]["seconds"] for s in seeds] for a in reach},
+           "cpu_per_wall": {a: [cpu_per_wall[a][s] for s in seeds] for a in reach}}
+    if len(seeds) >= 2:
+        test = paired_test([math.log(reach["async_replay"][s]["seconds"]
+                                     / reach["on_policy"][s]["seconds"]) for s in seeds])
+        lo, hi = test["interval_90"]
+        out["async_replay/on_policy"] = {
+            "log_seconds_ratio": test, "seconds_ratio": math.exp(test["mean"]),
+            "seconds_ratio_90": [math.exp(lo), math.exp(hi)],
+            "saving_detected": test["p_t"] < 0.05 and test["p_permutation"] < 0.05}
+    return out
+
+
+def seconds_at(curve: dict) -> float:
+    """Wall seconds (evals excluded) at a first reach: interpolated as its tokens are; never
+    reached: the last eval's."""
+    import stats
+    hit = stats.first_reach_point(curve, TARGET)
+    return curve["seconds"][-1] if hit is None else hit["seconds"]
 
 
 # ---- the plan's tests ----------------------------------------------------------------------------
@@ -86,12 +150,12 @@ def first_reach(curve: dict) -> dict:
     return {**{k: point[k] for k in ("tokens", "rounds", "steps")}, "reached": True}
 
 
-def curves(records: str = RECORDS) -> dict[str, dict[int, dict]]:
+def curves(records: str = RECORDS, arms: dict = ARMS) -> dict[str, dict[int, dict]]:
     """{arm: {seed: its curve at the plan's eval grid}} of the records there are."""
     import records as rec
     grid = [EVERY * k for k in range(BUDGET // EVERY + 1)]
     out = {}
-    for arm in ARMS:
+    for arm in arms:
         out[arm] = {}
         for path in sorted(glob.glob(os.path.join(ROOT, records, arm, "seed*-*.json"))):
             record = json.load(open(path))
@@ -160,13 +224,26 @@ def main(argv=None):
     p.add_argument("--verdict", action="store_true", help="the plan's tests from the records")
     p.add_argument("--seeds", type=int, default=SEEDS, choices=(SEEDS, MORE_SEEDS),
                    help="6, or 10 when the plan's rule extends it")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="the plan's wall-clock pair (async, seeds 100-105, one run at a time; it "
+                        "refuses to start on busy cores); with --verdict, its test")
     args = p.parse_args(argv)
+    if args.wall_clock and args.seeds != SEEDS:
+        p.error(f"--wall-clock with --seeds {args.seeds}: the wall-clock pair has the plan's "
+                f"{SEEDS} seeds")
     if args.verdict:
-        result = verdict(curves())
+        result = (wall_verdict(curves(WALL_RECORDS, WALL_ARMS)) if args.wall_clock
+                  else verdict(curves()))
         print(json.dumps(result, indent=1, default=lambda x: None))
         return result
     import compare
-    return compare.print_or_run(compare_argv(args.seeds), args.print)
+    if not args.wall_clock:
+        return compare.print_or_run(compare_argv(args.seeds), args.print)
+    argv = compare_argv(SEEDS, WALL_ARMS, WALL_RECORDS, "runs/smollm2_decisive_wall", jobs=1)
+    if not args.print and (busy := busy_share()) > BUSY_AT_MOST:
+        p.error(f"the cores are {busy:.0%} busy: a wall-clock figure counts only from quiet "
+                "cores; stop what else runs and start it again")
+    return compare.print_or_run(argv, args.print)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,54 @@ def test_the_fair_demo_gives_the_synchronous_arm_the_async_arms_cores_and_keeps_
     assert {k: v for k, v in arms_fair.items() if k != "async_replay"} == \
         {k: v for k, v in arms_old.items() if k != "async_replay"}
     assert args.records.endswith("async_demo_fair") and args.output_dir.endswith("async_demo_fair")
+
+
+def wall_curve(accuracy, seconds, cpu=1.8):
+    """A made-up async run at the decisive grid: its evals' accuracy and wall seconds, its last
+    eval's CPU seconds cpu x wall."""
+    n = len(accuracy)
+    last = {"wall_seconds": seconds[-1], "gen_cpu_seconds": cpu * seconds[-1] / 2,
+            "train_cpu_seconds": cpu * seconds[-1] / 2}
+    return {"accuracy": accuracy, "seconds": seconds, "tokens": [800 * i for i in range(n)],
+            "rounds": [10 * i for i in range(n)], "steps": [2 * i for i in range(n)],
+            "record": {"evals": [last]}}
+
+
+def test_the_wall_clock_verdict_against_hand_computed_values():
+    """Seed 0: replay reaches 0.45 half way from 0.4 to 0.5 between 100 s and 200 s (150 s),
+    on-policy at its 300 s eval: log(150 / 300). Seed 1: replay never reaches (its last eval, 400 s),
+    on-policy at 200 s: log(2). Seed 2: both at their second eval, 100 s and 100 s: 0."""
+    flat, slow = [0.1, 0.2, 0.3], [0.1, 0.45, 0.6]
+    replay = {0: wall_curve([0.1, 0.4, 0.5], [0, 100, 200]), 1: wall_curve(flat, [0, 200, 400]),
+              2: wall_curve(slow, [0, 100, 200])}
+    on = {0: wall_curve([0.1, 0.3, 0.45], [0, 150, 300]), 1: wall_curve(slow, [0, 200, 300], 1.0),
+          2: wall_curve(slow, [0, 100, 150])}
+    out = compare_decisive.wall_verdict({"on_policy": on, "async_replay": replay})
+    assert out["seeds"] == [0, 1, 2] and out["reached"] == {"on_policy": 3, "async_replay": 2}
+    assert out["seconds_to_first_reach"] == {"on_policy": [300, 200, 100],
+                                             "async_replay": [150, 400, 100]}
+    d = [math.log(0.5), math.log(2), 0.0]
+    pair = out["async_replay/on_policy"]
+    assert pair["log_seconds_ratio"]["values"] == pytest.approx(d)
+    assert pair["seconds_ratio"] == pytest.approx(1.0) and not pair["saving_detected"]
+    assert out["cpu_per_wall"]["on_policy"] == pytest.approx([1.8, 1.0, 1.8])
+
+
+def test_the_wall_clock_pair_is_the_decisive_arms_with_one_worker_and_refuses_busy_cores(monkeypatch):
+    """Each async arm's flags are its synchronous arm's plus --generators 1; one run at a time, one
+    thread a process; on busy cores it refuses before any run."""
+    argv = compare_decisive.compare_argv(6, compare_decisive.WALL_ARMS, compare_decisive.WALL_RECORDS,
+                                         "runs/w", jobs=1)
+    args = compare.parse(argv)
+    arms, sync = dict(args.arm), dict(compare.parse(compare_decisive.compare_argv()).arm)
+    assert arms["on_policy"].replace("--generators 1 ", "") == sync["on_policy"]
+    assert arms["async_replay"].replace("--generators 1 ", "") == sync["replay"]
+    assert args.jobs == 1 and args.threads == 1 and args.seeds == 6 and args.first_seed == 100
+    ran = []
+    monkeypatch.setattr(compare, "main", lambda argv: ran.append(argv))
+    monkeypatch.setattr(compare_decisive, "busy_share", lambda: 0.6)
+    with pytest.raises(SystemExit):
+        compare_decisive.main(["--wall-clock"])
+    monkeypatch.setattr(compare_decisive, "busy_share", lambda: 0.05)
+    compare_decisive.main(["--wall-clock"])
+    assert ran == [argv[:-1] + ["runs/smollm2_decisive_wall"]]
