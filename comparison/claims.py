@@ -2,7 +2,9 @@
 
     python comparison/claims.py            # reads the committed summaries; runs nothing
 
-After the table: each arm of the SmolLM2 comparison, the arms of its y = 4 comparison and their
+First the pre-registered SmolLM2 comparison (issue 59, docs/plans/smollm2_decisive.md) from its
+verdict JSON: the claims it decides, then each of its pairs. Then the earlier comparisons' table.
+After it: each arm of the earlier SmolLM2 comparison, the arms of its y = 4 comparison and their
 pairs across the two, and the lr check, each as docs/results.md holds it.
 
 The paper ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706) claims that
@@ -131,6 +133,108 @@ def table() -> str:
     return "\n".join(lines)
 
 
+# the pre-registered comparison (docs/plans/smollm2_decisive.md): its verdict, compare_decisive.py's
+DECISIVE = "docs/results/smollm2_decisive.json"
+# (claim, what is measured, pair, figure, kind, the paper's side of the line)
+DECISIVE_ROWS = [
+    ("1. per optimizer step, replay can slightly hurt", "optimizer steps to first reach 0.45, "
+     "replay / on-policy", "replay/on_policy", "log_step_ratio", "ratio", "above"),
+    ("2. per generated token it learns faster (up to ~40% less compute)", "**generated tokens to "
+     "first reach 0.45, replay / on-policy (the primary figure)**", "replay/on_policy",
+     "log_token_ratio", "primary", "below"),
+    ("", "the same, replay / its control (as many steps per token, no reuse)", "replay/control",
+     "log_token_ratio", "ratio", "below"),
+    ("", "mean accuracy over the evals (equal generated tokens), replay - on-policy",
+     "replay/on_policy", "area_difference", "diff", "above"),
+    ("", "generation + training to first reach, replay / on-policy, generation 5x training a "
+     "rollout (the paper's GPU)", "replay/on_policy", "paper_5", "ratio", "below"),
+    ("3. it preserves the policy's entropy", "sampling entropy over the second half (nats a token), "
+     "replay - on-policy", "replay/on_policy", "entropy_second_half_difference", "diff", "not below"),
+    ("", "the same, replay - its control", "replay/control", "entropy_second_half_difference",
+     "diff", "not below"),
+]
+
+
+def decisive_table(path: str = DECISIVE) -> str:
+    """The four claims on the pre-registered SmolLM2 comparison: each figure per seed, its mean
+    [90% paired t-interval] (ratios: exp of the mean log ratio), its one-sided p (t; sign-flip)
+    toward the paper's side, and the verdict: the primary figure by the plan's rule at the look's
+    alpha (a saving detected, a 40% saving excluded, or neither), the rest by the 90% interval (not
+    detected: with the seeds a 90%-power test would need at the observed sd)."""
+    v = read(path)
+    n, alpha = len(v["seeds"]), v["alpha_this_look"]
+    lines = [f"| the paper's claim | measured as | SmolLM2-135M, sums ({n} RL seeds, paired) | "
+             "one-sided p toward the paper (t; sign-flip) | verdict |", "|---|---|---|---|---|"]
+    for claim, what, pair, key, kind, side in DECISIVE_ROWS:
+        e = v["pairs"][pair]
+        fig = e["log_compute_ratio"][key] if key.startswith("paper_") else e[key]
+        ratio = kind != "diff"
+        show = (lambda x: number(math.exp(x), "ratio")) if ratio else (lambda x: number(x, "diff"))
+        lo, hi = fig["interval_90"]
+        value = f"{show(fig['mean'])} [{show(lo).rstrip('x')}, {show(hi).rstrip('x')}]"
+        below = side == "below"               # the p of the paper's direction
+        p_t = fig["p_t"] if below else 1 - fig["p_t"]
+        p_flip = fig["p_permutation"] if below else flipped_p(fig["values"])
+        if kind == "primary":
+            if e["saving_detected"]:
+                words = f"**saving detected** (both p below {alpha:g}, this look's alpha)"
+            elif e["saving_of_40pct_excluded"]:
+                words = (f"**no saving detected at alpha {alpha:g}; a 40% saving excluded** (the "
+                         "interval's low end above 0.60)")
+            else:
+                words = (f"**not decided**: no saving detected at alpha {alpha:g}, a 40% saving not "
+                         f"excluded; a 90%-power test would need {needed(fig)} seeds at this sd")
+        else:
+            line = 0.0
+            if lo > line or hi < line:
+                where = "above" if lo > line else "below"
+                agrees = where == side or (side == "not below" and where == "above")
+                words = ("as the paper" if agrees else "against the paper") + \
+                    f": the whole interval {where} {1 if ratio else 0}"
+            else:
+                words = f"not detected ({needed(fig)} seeds for 90% power at this sd)"
+        lines.append(f"| {claim} | {what} | {value} | {p_t:.3f}; {p_flip:.3f} | {words} |")
+    return "\n".join(lines)
+
+
+def decisive_pairs_table(path: str = DECISIVE) -> str:
+    """Every pair of the pre-registered comparison, each figure its mean [90% paired t-interval]
+    (ratios: exp of the mean log ratio): tokens, rollouts generated and steps to first reach 0.45
+    (the tokens' one-sided p beside them), the mean accuracy over the evals, the second half's entropy, and generation +
+    training to first reach at the generation / training cost per rollout measured in these runs
+    and at the paper's 5x and 7x."""
+    v = read(path)
+    mu = next(iter(v["pairs"].values()))["mu"]["measured"]
+    lines = ["| pair | tokens to first reach | one-sided p (t; sign-flip) | rollouts generated to "
+             "first reach | steps to first reach | mean accuracy over the evals | entropy, second "
+             f"half | compute to first reach, generation {mu:.2f}x training (measured) | 5x | 7x |",
+             "|" + "---|" * 10]
+    for pair, e in v["pairs"].items():
+        def show(fig, kind="ratio"):
+            f = (lambda x: number(math.exp(x), "ratio")) if kind == "ratio" else \
+                (lambda x: number(x, "diff"))
+            lo, hi = fig["interval_90"]
+            return f"{f(fig['mean'])} [{f(lo).rstrip('x')}, {f(hi).rstrip('x')}]"
+        t, c = e["log_token_ratio"], e["log_compute_ratio"]
+        lines.append(f"| {pair.replace('/', ' / ')} | {show(t)} | {t['p_t']:.3f}; "
+                     f"{t['p_permutation']:.3f} | {show(e['log_round_ratio'])} | {show(e['log_step_ratio'])} | "
+                     f"{show(e['area_difference'], 'diff')} | "
+                     f"{show(e['entropy_second_half_difference'], 'diff')} | "
+                     + " | ".join(show(c[k]) for k in ("measured", "paper_5", "paper_7")) + " |")
+    return "\n".join(lines)
+
+
+def needed(fig: dict) -> str:
+    k = fig.get("seeds_for_90pct_power")
+    return "more than 200" if k is None else str(k)
+
+
+def flipped_p(d: list[float]) -> float:
+    """The exact sign-flip p of mean(d) > 0 (compare_decisive's is of mean(d) < 0)."""
+    sums = [sum(x if (m >> i) & 1 else -x for i, x in enumerate(d)) for m in range(2 ** len(d))]
+    return sum(f >= sum(d) - 1e-12 for f in sums) / len(sums)
+
+
 def arms_table(path: str = REAL) -> str:
     """Each arm of the real-model comparison as its summary gives it: the replay it measured (uses of
     a stored rollout, the share of generated ones stored, ages), reach, hold, fall, entropy, CPU
@@ -243,6 +347,10 @@ def lr_table(paths: dict = LR_CHECK) -> str:
 if __name__ == "__main__":
     argparse.ArgumentParser(prog="claims.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print(decisive_table())
+    print(f"\n{DECISIVE}, each pair:\n")
+    print(decisive_pairs_table())
+    print(f"\nthe earlier comparison, {REAL}:\n")
     print(table())
     print(f"\n{REAL}, per arm:\n")
     print(arms_table())

@@ -19,6 +19,50 @@ def test_docs_results_opens_with_the_table_the_summaries_give():
     assert text.index(table) < text.index("\n## ")          # before the first section: it opens the page
 
 
+def test_docs_results_opens_with_the_preregistered_table_first():
+    """The pre-registered comparison's table (claims.decisive_table, from its verdict JSON) opens the
+    page, before the earlier comparisons' table."""
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    assert claims.decisive_table() in text
+    assert text.index(claims.decisive_table()) < text.index(claims.table())
+
+
+def fake_verdict(tmp_path, primary: list[float], alpha: float = 0.025) -> str:
+    """A verdict JSON as compare_decisive.verdict writes it, every figure the same values."""
+    import compare_decisive
+    fig = compare_decisive.paired_test(primary)
+    lo, hi = fig["interval_90"]
+    fig["seeds_for_90pct_power"] = 12
+    pair = {"log_token_ratio": fig, "log_step_ratio": fig, "area_difference": fig,
+            "entropy_second_half_difference": fig, "log_compute_ratio": {"paper_5": fig},
+            "saving_detected": fig["p_t"] < alpha and fig["p_permutation"] < alpha,
+            "saving_of_40pct_excluded": lo > math.log(0.6)}
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps({"seeds": list(range(len(primary))), "alpha_this_look": alpha,
+                                "pairs": {"replay/on_policy": pair, "replay/control": pair}}))
+    return str(path)
+
+
+@pytest.mark.parametrize("d, says", [
+    ([-0.9, -0.8, -0.7, -0.6, -0.5, -0.4], "**saving detected**"),
+    ([-0.1, 0.1, -0.05, 0.05, 0.0, 0.02], "a 40% saving excluded"),
+    ([-0.9, 0.8, -0.7, 0.6, -0.5, 0.4], "**not decided**"),
+])
+def test_the_preregistered_verdict_follows_the_plans_rule(tmp_path, d, says):
+    """The primary figure: detected when both p are below the look's alpha; else a 40% saving is
+    excluded when the 90% interval's low end is above log 0.6; else not decided, with the seeds."""
+    row = next(r for r in claims.decisive_table(fake_verdict(tmp_path, d)).splitlines()
+               if "(the primary figure)" in r)
+    assert says in row and ("12 seeds" in row) == (says == "**not decided**")
+
+
+def test_the_sign_flip_p_toward_a_gain_against_hand_computed_values():
+    """d = 1, 2, 3: of the 8 sign flips only all-positive sums to 6 or more: 1/8; d = 1, -1: the
+    flips sum to 2, 0, 0, -2, three of them at or above 0: 3/4."""
+    assert claims.flipped_p([1.0, 2.0, 3.0]) == 1 / 8
+    assert claims.flipped_p([1.0, -1.0]) == 3 / 4
+
+
 def test_the_lr_check_on_the_page_is_what_its_summaries_give():
     text = open(os.path.join(ROOT, "docs", "results.md")).read()
     assert claims.lr_table() in text
@@ -165,19 +209,22 @@ def collapse_final_differences() -> set:
 
 
 def decisive_figures() -> set:
-    """The decisive comparison's verdict (docs/results/smollm2_decisive.json, once written), as the
-    page writes its figures: each pair's token ratio with its 90% interval, and its differences
-    (area, entropy over the second half) with theirs."""
-    path = os.path.join(ROOT, "docs", "results", "smollm2_decisive.json")
-    if not os.path.exists(path):
-        return set()
+    """The decisive comparison's verdicts (its 6-seed look, docs/results/smollm2_decisive_6seeds.json,
+    and the final one, smollm2_decisive.json), as the page writes their figures: each pair's ratios
+    (tokens, rollouts, steps, compute) and differences (area, entropy over the second half) with
+    their 90% intervals."""
     ratio = lambda x: claims.number(x, "ratio")
     out = set()
-    for pair in json.load(open(path))["pairs"].values():
-        lo, hi = pair["token_ratio_90"]
-        out.add(f"{ratio(pair['token_ratio'])} [{ratio(lo).rstrip('x')}, {ratio(hi).rstrip('x')}]")
-        out |= {written_difference(pair[name])
-                for name in ("area_difference", "entropy_second_half_difference")}
+    for name in ("smollm2_decisive_6seeds.json", "smollm2_decisive.json"):
+        for pair in json.load(open(os.path.join(ROOT, "docs", "results", name)))["pairs"].values():
+            logs = [pair[k] for k in ("log_token_ratio", "log_round_ratio", "log_step_ratio")
+                    if k in pair] + list(pair["log_compute_ratio"].values())
+            for fig in logs:
+                lo, hi = fig["interval_90"]
+                out.add(f"{ratio(math.exp(fig['mean']))} [{ratio(math.exp(lo)).rstrip('x')}, "
+                        f"{ratio(math.exp(hi)).rstrip('x')}]")
+            out |= {written_difference(pair[name])
+                    for name in ("area_difference", "entropy_second_half_difference")}
     return out
 
 

@@ -131,3 +131,17 @@ def test_the_wall_clock_pair_is_the_decisive_arms_with_one_worker_and_refuses_bu
     monkeypatch.setattr(compare_decisive, "busy_share", lambda: 0.05)
     compare_decisive.main(["--wall-clock"])
     assert ran == [argv[:-1] + ["runs/smollm2_decisive_wall"]]
+
+
+def test_the_looks_alpha_follows_the_plan():
+    """6 seeds at sd <= 0.34: one look at 0.05; above it, and at the 10-seed look, 0.025."""
+    assert compare_decisive.look_alpha(6, 0.34) == 0.05
+    assert compare_decisive.look_alpha(6, 0.41) == 0.025
+    assert compare_decisive.look_alpha(10, 0.41) == 0.025 == compare_decisive.look_alpha(10, 0.2)
+
+
+def test_the_paired_tests_95_interval_against_hand_computed_values():
+    """d = -1, -2, -3: t(0.975, 2) = 4.302653: -2 -+ 4.302653 / sqrt 3."""
+    r = compare_decisive.paired_test([-1.0, -2.0, -3.0])
+    assert r["interval_95"] == pytest.approx([-2 - 4.302653 / math.sqrt(3), -2 + 4.302653 / math.sqrt(3)],
+                                             abs=1e-5)
