@@ -224,6 +224,28 @@ def decisive_pairs_table(path: str = DECISIVE) -> str:
     return "\n".join(lines)
 
 
+DECISIVE_WALL = "docs/results/smollm2_decisive_wall.json"
+
+
+def decisive_wall_table(path: str = DECISIVE_WALL) -> str:
+    """The plan's wall-clock pair (compare_decisive.py --wall-clock --verdict): async replay against
+    async on-policy, wall seconds (evals excluded) to first reach 0.45, mean [90% paired t-interval]
+    of the log ratio as a ratio, its one-sided p (t; sign-flip), detected at 0.05 by both."""
+    v = read(path)
+    e = v["async_replay/on_policy"]
+    fig = e["log_seconds_ratio"]
+    lo, hi = e["seconds_ratio_90"]
+    cpu = [x for a in v["cpu_per_wall"].values() for x in a]
+    reached = ", ".join(f"{a} {n} of {len(v['seeds'])}" for a, n in v["reached"].items())
+    words = "a saving detected" if e["saving_detected"] else "no saving detected"
+    return "\n".join([
+        "| pair | seeds | reached 0.45 | wall seconds to first reach | one-sided p (t; sign-flip) "
+        "| CPU / wall of the runs | at alpha 0.05 |", "|---|---|---|---|---|---|---|",
+        f"| async replay / async on-policy | {len(v['seeds'])} | {reached} | "
+        f"{number(e['seconds_ratio'], 'ratio')} [{lo:.2f}, {hi:.2f}] | {fig['p_t']:.3f}; "
+        f"{fig['p_permutation']:.3f} | {min(cpu):.2f}-{max(cpu):.2f} | {words} |"])
+
+
 def needed(fig: dict) -> str:
     k = fig.get("seeds_for_90pct_power")
     return "more than 200" if k is None else str(k)

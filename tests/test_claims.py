@@ -27,6 +27,16 @@ def test_docs_results_opens_with_the_preregistered_table_first():
     assert text.index(claims.decisive_table()) < text.index(claims.table())
 
 
+def test_the_wall_clock_pair_on_the_page_is_what_its_verdict_gives():
+    """claims.decisive_wall_table, from compare_decisive.py --wall-clock --verdict's JSON, is on the
+    page once that JSON is committed; before, the page points to the pair's PENDING.md."""
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    if os.path.exists(os.path.join(ROOT, claims.DECISIVE_WALL)):
+        assert claims.decisive_wall_table() in text
+    else:
+        assert "records/smollm2_decisive_wall/PENDING.md" in text
+
+
 def fake_verdict(tmp_path, primary: list[float], alpha: float = 0.025) -> str:
     """A verdict JSON as compare_decisive.verdict writes it, every figure the same values."""
     import compare_decisive
@@ -225,6 +235,12 @@ def decisive_figures() -> set:
                         f"{ratio(math.exp(hi)).rstrip('x')}]")
             out |= {written_difference(pair[name])
                     for name in ("area_difference", "entropy_second_half_difference")}
+    wall = os.path.join(ROOT, "docs", "results", "smollm2_decisive_wall.json")
+    if os.path.exists(wall):                # its wall-clock pair, once its verdict is written
+        fig = json.load(open(wall))["async_replay/on_policy"]["log_seconds_ratio"]
+        lo, hi = fig["interval_90"]
+        out.add(f"{ratio(math.exp(fig['mean']))} [{ratio(math.exp(lo)).rstrip('x')}, "
+                f"{ratio(math.exp(hi)).rstrip('x')}]")
     return out
 
 
