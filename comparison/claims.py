@@ -98,13 +98,29 @@ def verdict(figs: dict, row: tuple) -> str:
     _, _, arm, ref, key, kind, side = row
     lo, hi = figs[arm, ref][1][key]
     line = 1.0 if kind == "ratio" else 0.0
-    if lo > line or hi < line:
-        where = "above" if lo > line else "below"
-        agrees = where == side or (side == "not below" and where == "above")
-        return ("as the paper" if agrees else "against the paper") + f": the whole interval {where} {line:g}"
+    if words := interval_side(lo, hi, line, side, f"{line:g}"):
+        return words
     if side == "not below":
         return f"no detected difference (a fall of up to {-lo:.3f} not excluded)"
     return "no detected difference"
+
+
+def interval_side(lo: float, hi: float, line: float, side: str, shown: str) -> str | None:
+    """An interval wholly on one side of the line, in words against the paper's side ("above",
+    "below" or "not below"); None when it holds the line. shown: the line as the page writes it."""
+    if not (lo > line or hi < line):
+        return None
+    where = "above" if lo > line else "below"
+    agrees = where == side or (side == "not below" and where == "above")
+    return ("as the paper" if agrees else "against the paper") + f": the whole interval {where} {shown}"
+
+
+def written(fig: dict, kind: str) -> str:
+    """A paired test's mean [90% interval] as the page writes it: a log ratio as the ratio ("0.78x
+    [0.62, 0.99]"), a difference as itself ("+0.026 [+0.0004, +0.052]")."""
+    f = (lambda x: number(math.exp(x), "ratio")) if kind == "ratio" else (lambda x: number(x, "diff"))
+    lo, hi = fig["interval_90"]
+    return f"{f(fig['mean'])} [{f(lo).rstrip('x')}, {f(hi).rstrip('x')}]"
 
 
 def staleness_cell() -> str:
@@ -169,9 +185,7 @@ def decisive_table(path: str = DECISIVE) -> str:
         e = v["pairs"][pair]
         fig = e["log_compute_ratio"][key] if key.startswith("paper_") else e[key]
         ratio = kind != "diff"
-        show = (lambda x: number(math.exp(x), "ratio")) if ratio else (lambda x: number(x, "diff"))
-        lo, hi = fig["interval_90"]
-        value = f"{show(fig['mean'])} [{show(lo).rstrip('x')}, {show(hi).rstrip('x')}]"
+        value = written(fig, "ratio" if ratio else "diff")
         below = side == "below"               # the p of the paper's direction
         p_t = fig["p_t"] if below else 1 - fig["p_t"]
         p_flip = fig["p_permutation"] if below else flipped_p(fig["values"])
@@ -184,15 +198,9 @@ def decisive_table(path: str = DECISIVE) -> str:
             else:
                 words = (f"**not decided**: no saving detected at alpha {alpha:g}, a 40% saving not "
                          f"excluded; a 90%-power test would need {needed(fig)} seeds at this sd")
-        else:
-            line = 0.0
-            if lo > line or hi < line:
-                where = "above" if lo > line else "below"
-                agrees = where == side or (side == "not below" and where == "above")
-                words = ("as the paper" if agrees else "against the paper") + \
-                    f": the whole interval {where} {1 if ratio else 0}"
-            else:
-                words = f"not detected ({needed(fig)} seeds for 90% power at this sd)"
+        else:                       # a log ratio's line is 0 too: the page writes it as 1
+            words = (interval_side(*fig["interval_90"], 0.0, side, "1" if ratio else "0")
+                     or f"not detected ({needed(fig)} seeds for 90% power at this sd)")
         lines.append(f"| {claim} | {what} | {value} | {p_t:.3f}; {p_flip:.3f} | {words} |")
     return "\n".join(lines)
 
@@ -200,21 +208,17 @@ def decisive_table(path: str = DECISIVE) -> str:
 def decisive_pairs_table(path: str = DECISIVE) -> str:
     """Every pair of the pre-registered comparison, each figure its mean [90% paired t-interval]
     (ratios: exp of the mean log ratio): tokens, rollouts generated and steps to first reach 0.45
-    (the tokens' one-sided p beside them), the mean accuracy over the evals, the second half's entropy, and generation +
-    training to first reach at the generation / training cost per rollout measured in these runs
-    and at the paper's 5x and 7x."""
+    (the tokens' one-sided p beside them), the mean accuracy over the evals, the second half's
+    entropy, and generation + training to first reach at the generation / training cost per
+    rollout measured in these runs and at the paper's 5x and 7x."""
     v = read(path)
     mu = next(iter(v["pairs"].values()))["mu"]["measured"]
     lines = ["| pair | tokens to first reach | one-sided p (t; sign-flip) | rollouts generated to "
              "first reach | steps to first reach | mean accuracy over the evals | entropy, second "
              f"half | compute to first reach, generation {mu:.2f}x training (measured) | 5x | 7x |",
              "|" + "---|" * 10]
+    show = lambda fig, kind="ratio": written(fig, kind)
     for pair, e in v["pairs"].items():
-        def show(fig, kind="ratio"):
-            f = (lambda x: number(math.exp(x), "ratio")) if kind == "ratio" else \
-                (lambda x: number(x, "diff"))
-            lo, hi = fig["interval_90"]
-            return f"{f(fig['mean'])} [{f(lo).rstrip('x')}, {f(hi).rstrip('x')}]"
         t, c = e["log_token_ratio"], e["log_compute_ratio"]
         lines.append(f"| {pair.replace('/', ' / ')} | {show(t)} | {t['p_t']:.3f}; "
                      f"{t['p_permutation']:.3f} | {show(e['log_round_ratio'])} | {show(e['log_step_ratio'])} | "
@@ -234,7 +238,6 @@ def decisive_wall_table(path: str = DECISIVE_WALL) -> str:
     v = read(path)
     e = v["async_replay/on_policy"]
     fig = e["log_seconds_ratio"]
-    lo, hi = e["seconds_ratio_90"]
     cpu = [x for a in v["cpu_per_wall"].values() for x in a]
     reached = ", ".join(f"{a} {n} of {len(v['seeds'])}" for a, n in v["reached"].items())
     words = "a saving detected" if e["saving_detected"] else "no saving detected"
@@ -242,7 +245,7 @@ def decisive_wall_table(path: str = DECISIVE_WALL) -> str:
         "| pair | seeds | reached 0.45 | wall seconds to first reach | one-sided p (t; sign-flip) "
         "| CPU / wall of the runs | at alpha 0.05 |", "|---|---|---|---|---|---|---|",
         f"| async replay / async on-policy | {len(v['seeds'])} | {reached} | "
-        f"{number(e['seconds_ratio'], 'ratio')} [{lo:.2f}, {hi:.2f}] | {fig['p_t']:.3f}; "
+        f"{written(fig, 'ratio')} | {fig['p_t']:.3f}; "
         f"{fig['p_permutation']:.3f} | {min(cpu):.2f}-{max(cpu):.2f} | {words} |"])
 
 
@@ -252,9 +255,9 @@ def needed(fig: dict) -> str:
 
 
 def flipped_p(d: list[float]) -> float:
-    """The exact sign-flip p of mean(d) > 0 (compare_decisive's is of mean(d) < 0)."""
-    sums = [sum(x if (m >> i) & 1 else -x for i, x in enumerate(d)) for m in range(2 ** len(d))]
-    return sum(f >= sum(d) - 1e-12 for f in sums) / len(sums)
+    """The exact sign-flip p of mean(d) > 0: compare_decisive.paired_test's (of mean < 0) on -d."""
+    import compare_decisive
+    return compare_decisive.paired_test([-x for x in d])["p_permutation"]
 
 
 def arms_table(path: str = REAL) -> str:
@@ -372,6 +375,8 @@ if __name__ == "__main__":
     print(decisive_table())
     print(f"\n{DECISIVE}, each pair:\n")
     print(decisive_pairs_table())
+    print(f"\n{DECISIVE_WALL}, the wall-clock pair:\n")
+    print(decisive_wall_table())
     print(f"\nthe earlier comparison, {REAL}:\n")
     print(table())
     print(f"\n{REAL}, per arm:\n")

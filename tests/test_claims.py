@@ -190,8 +190,7 @@ def stated_figures(node, out: set) -> set:
 
 def written_difference(test: dict) -> str:
     """A paired test's mean with its 90% interval, as the page writes a difference."""
-    lo, hi = (claims.number(x, "diff") for x in test["interval_90"])
-    return f"{claims.number(test['mean'], 'diff')} [{lo}, {hi}]"
+    return claims.written(test, "diff")
 
 
 def pairwise_differences(final: dict) -> set:
@@ -223,24 +222,18 @@ def decisive_figures() -> set:
     and the final one, smollm2_decisive.json), as the page writes their figures: each pair's ratios
     (tokens, rollouts, steps, compute) and differences (area, entropy over the second half) with
     their 90% intervals."""
-    ratio = lambda x: claims.number(x, "ratio")
     out = set()
     for name in ("smollm2_decisive_6seeds.json", "smollm2_decisive.json"):
         for pair in json.load(open(os.path.join(ROOT, "docs", "results", name)))["pairs"].values():
             logs = [pair[k] for k in ("log_token_ratio", "log_round_ratio", "log_step_ratio")
                     if k in pair] + list(pair["log_compute_ratio"].values())
-            for fig in logs:
-                lo, hi = fig["interval_90"]
-                out.add(f"{ratio(math.exp(fig['mean']))} [{ratio(math.exp(lo)).rstrip('x')}, "
-                        f"{ratio(math.exp(hi)).rstrip('x')}]")
+            out |= {claims.written(fig, "ratio") for fig in logs}
             out |= {written_difference(pair[name])
                     for name in ("area_difference", "entropy_second_half_difference")}
     wall = os.path.join(ROOT, "docs", "results", "smollm2_decisive_wall.json")
     if os.path.exists(wall):                # its wall-clock pair, once its verdict is written
-        fig = json.load(open(wall))["async_replay/on_policy"]["log_seconds_ratio"]
-        lo, hi = fig["interval_90"]
-        out.add(f"{ratio(math.exp(fig['mean']))} [{ratio(math.exp(lo)).rstrip('x')}, "
-                f"{ratio(math.exp(hi)).rstrip('x')}]")
+        out.add(claims.written(json.load(open(wall))["async_replay/on_policy"]["log_seconds_ratio"],
+                               "ratio"))
     return out
 
 
