@@ -118,13 +118,19 @@ class Generators:
                     os.kill(p.pid, signum)
 
     def publish(self, model, step: int) -> None:
-        """The adapter's weights (LoRA only), for the workers to load before their next round."""
-        with self.lock:
+        """The adapter's weights (LoRA only), for the workers to load before their next round.
+        A worker killed while it copies them holds their lock for ever: the trainer waits for it
+        checking that every worker lives, so such a death ends the run in one line, not a hang."""
+        while not self.lock.acquire(timeout=0.5):
+            self.check_alive()
+        try:
             offset = 0
             for p in trainable(model):
                 self.weights[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
                 offset += p.numel()
             self.version.value = step
+        finally:
+            self.lock.release()
         self.trainer_step.value = step
 
     def order(self, prompts: list[str]) -> None:

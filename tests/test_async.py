@@ -404,3 +404,43 @@ def test_a_worker_past_max_lag_waits_for_the_next_publish_and_not_at_the_bound()
     assert past.load_weights(model) == 8
     assert past.times[0] >= 0.25                 # it waited, booked as waiting for weights
     assert torch.equal(model.weight.detach().flatten(), torch.ones(3))
+
+
+def hold_the_lock_and_die(lock):
+    """A worker killed (SIGKILL) while it copies the published weights: their lock stays held."""
+    lock.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, SIGKILL")
+def test_a_worker_killed_holding_the_weights_lock_ends_publish_in_one_line_not_a_hang():
+    """Generators.publish alone: the only worker died holding the lock. publish raises WorkerFailed
+    naming it (killed by SIGKILL) within seconds; before, it waited on the lock for ever."""
+    import multiprocessing
+    import threading
+    import types
+    import torch
+    ctx = multiprocessing.get_context("fork")
+    gens = worker_processes.Generators.__new__(worker_processes.Generators)
+    gens.cfg = types.SimpleNamespace(worker_timeout=0)
+    gens.lock, gens.results = ctx.Lock(), ctx.Queue()
+    gens.beats, gens.resumed_at = [time.monotonic()], time.monotonic()
+    gens.weights, gens.version, gens.trainer_step = torch.zeros(3), ctx.Value("q", -1), ctx.Value("q", 0)
+    dead = ctx.Process(target=hold_the_lock_and_die, args=(gens.lock,))
+    dead.start()
+    dead.join(10)
+    assert dead.exitcode == -signal.SIGKILL
+    gens.procs = [dead]
+    model, raised = torch.nn.Linear(1, 3, bias=False), []
+
+    def publish():
+        try:
+            gens.publish(model, 5)
+        except worker_processes.WorkerFailed as e:
+            raised.append(str(e))
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "publish hung on the dead worker's lock"
+    assert raised == [f"generation worker 0 (pid {dead.pid}) killed by SIGKILL"]
+    assert gens.version.value == -1                     # nothing published
