@@ -146,6 +146,35 @@ def thresholds(n: int, simulations: int, seed: int = 0, alpha: float = 0.05) -> 
     return sorted(out)
 
 
+def exact_power(n: int, effect: float, alpha: float = 0.05) -> float:
+    """The exact power of the one-sided paired t-test at alpha with n seeds, for a true effect of
+    `effect` sigmas (the noncentral t's upper tail, without simulation). With m the mean and s the
+    sd of n standard normals, the test detects the effect when m + c s / sqrt(n) <= effect,
+    c = t(1 - alpha, n - 1); given s that is Phi(sqrt(n) effect - c s), and u = s sqrt(n - 1)
+    follows the chi distribution with n - 1 degrees of freedom, so
+        power = integral over u of Phi(sqrt(n) effect - c u / sqrt(n - 1)) chi_pdf(u; n - 1) du,
+    taken by Simpson's rule on u in [0, sqrt(the chi2's 1 - 1e-12 quantile)] (2,000 panels)."""
+    df, c = n - 1, t_quantile(1 - alpha, n - 1)
+    top, panels = math.sqrt(chi2_quantile(1 - 1e-12, df)), 2000
+    h = top / panels
+    log_norm = math.log(2) - math.lgamma(df / 2) - (df / 2) * math.log(2)
+
+    def f(u: float) -> float:
+        z = math.sqrt(n) * effect - c * u / math.sqrt(df)
+        density = (math.exp(log_norm) if df == 1 else 0.0) if u == 0 else \
+            math.exp(log_norm + (df - 1) * math.log(u) - u * u / 2)
+        return 0.5 * math.erfc(-z / math.sqrt(2)) * density
+    total = f(0.0) + f(top) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, panels))
+    return total * h / 3
+
+
+def exact_seeds_needed(effect: float, power: float = 0.9, alpha: float = 0.05,
+                       most: int = 500) -> int | None:
+    """The fewest seeds (2 or more) whose one-sided paired t-test at alpha detects an effect of this
+    many sigmas with at least the power asked (exact_power); None: more than `most`."""
+    return next((n for n in range(2, most + 1) if exact_power(n, effect, alpha) >= power), None)
+
+
 class Power:
     """power(n, effect) and the smallest effect detected at n, in units of sigma, for one set of
     simulated experiments per n (built once, shared by every figure)."""
