@@ -145,3 +145,120 @@ def test_the_paired_tests_95_interval_against_hand_computed_values():
     r = compare_decisive.paired_test([-1.0, -2.0, -3.0])
     assert r["interval_95"] == pytest.approx([-2 - 4.302653 / math.sqrt(3), -2 + 4.302653 / math.sqrt(3)],
                                              abs=1e-5)
+
+
+# ---- the confirmatory comparison (issue 67): its verdict on made-up curves -----------------------
+def reaching(tokens):
+    """A made-up run that first reaches 0.45 at an eval at exactly `tokens` (no interpolation: the
+    eval is at the target); None: one that never reaches it within the budget."""
+    if tokens is None:
+        return {"accuracy": [0.15, 0.3, 0.4], "tokens": [0, 3200, 6400], "rounds": [0, 40, 80],
+                "steps": [0, 10, 20], "seconds": [0, 1, 2]}
+    return {"accuracy": [0.15, 0.45, 0.5], "tokens": [0, tokens, 6400], "rounds": [0, 10, 80],
+            "steps": [0, 2, 20], "seconds": [0, 1, 2]}
+
+
+def confirm_curves(on_policy, replay):
+    return {"on_policy": {200 + i: reaching(t) for i, t in enumerate(on_policy)},
+            "replay": {200 + i: reaching(t) for i, t in enumerate(replay)}}
+
+
+def by_hand(d):
+    """mean, sd and the 90% t-interval of d, t(0.95, 4) = 2.131847 (the tables), for 5 seeds."""
+    import statistics
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    half = 2.131847 * sd / math.sqrt(5)
+    return mean, sd, (mean - half, mean + half)
+
+
+@pytest.mark.parametrize("d, detected, excluded, words", [
+    # mean -0.5, sd 0.158: t -7.07 < -2.13; of the 32 sign flips only all-negative sums as low
+    ([-0.3, -0.4, -0.5, -0.6, -0.7], True, False, "a saving detected"),
+    # mean -0.1, sd 0.0158: the interval [-0.115, -0.085], its low end above log 0.75 = -0.288
+    ([-0.08, -0.09, -0.10, -0.11, -0.12], True, True,
+     "a saving detected, and a 25% saving excluded"),
+    # mean 0, sd 0.079: [-0.075, +0.075]; p_t 0.5
+    ([0.1, -0.1, 0.05, -0.05, 0.0], False, True, "a 25% saving excluded (no saving detected)"),
+    # mean -0.14, sd 0.77: [-0.87, +0.59]
+    ([-0.9, 0.8, -0.7, 0.6, -0.5], False, False,
+     "neither a saving detected nor a 25% saving excluded"),
+])
+def test_the_confirmatory_verdict_against_hand_computed_values(d, detected, excluded, words):
+    """On-policy first reaches 0.45 at 2,000 tokens in every seed, replay at 2,000 e^d_i: the log
+    ratios are d; the verdict is the plan's (both p below 0.05; the 90% low end above log 0.75)."""
+    import compare_confirm
+    out = compare_confirm.verdict(confirm_curves([2000] * 5, [2000 * math.exp(x) for x in d]))
+    mean, sd, (lo, hi) = by_hand(d)
+    p = out["primary"]
+    assert p["log_token_ratio"]["values"] == pytest.approx(d)
+    assert p["log_token_ratio"]["mean"] == pytest.approx(mean)
+    assert p["log_token_ratio"]["sd"] == pytest.approx(sd)
+    assert p["token_ratio_90"] == pytest.approx([math.exp(lo), math.exp(hi)], rel=1e-5)
+    assert (p["saving_detected"], p["saving_of_25pct_excluded"]) == (detected, excluded)
+    assert p["verdict"] == words
+    if detected:            # every d negative: of the 32 sign flips only d itself sums as low
+        assert p["log_token_ratio"]["p_permutation"] == 1 / 32
+    assert out["reached"] == {"on_policy": 5, "replay": 5} and not out["complete"]
+    assert out["seeds"] == [200, 201, 202, 203, 204] and out["alpha"] == 0.05
+    # no run failed to reach: the sensitivity line is the primary one
+    assert out["sensitivity"]["log_token_ratio"]["values"] == pytest.approx(d)
+    assert out["sensitivity"]["same_verdict"]
+    if not detected:        # the seeds a 90%-power test at 0.05 needs at this sd for a 25% saving
+        import power
+        k = p["seeds_for_90pct_power"]
+        effect = -math.log(0.75) / sd
+        assert power.exact_power(k - 1, effect) < 0.9 <= power.exact_power(k, effect)
+
+
+def test_the_sensitivity_line_counts_non_reaching_runs_at_12800_tokens():
+    """Seeds 200-204: on-policy at 2,000 tokens in four seeds and never in 204; replay at 2,000
+    e^{-0.1, -0.1, 0.1, 0.1} and at 3,200 in 204. Primary: 204's log ratio log(3200 / 6400) =
+    log 0.5; the others' mean 0: mean log(0.5) / 5 = -0.139, and the 25% saving is neither detected
+    nor excluded. Sensitivity, 204 at 12,800: log 0.25, mean -0.277; the verdict the same words."""
+    import compare_confirm
+    out = compare_confirm.verdict(confirm_curves([2000] * 4 + [None],
+                                                 [2000 * math.exp(x) for x in (-.1, -.1, .1, .1)]
+                                                 + [3200]))
+    assert out["reached"] == {"on_policy": 4, "replay": 5}
+    primary, sens = out["primary"], out["sensitivity"]
+    d = [-0.1, -0.1, 0.1, 0.1]
+    assert primary["log_token_ratio"]["values"] == pytest.approx(d + [math.log(0.5)])
+    assert sens["log_token_ratio"]["values"] == pytest.approx(d + [math.log(0.25)])
+    assert sens["non_reaching_at_tokens"] == 12800
+    for line, last in ((primary, math.log(0.5)), (sens, math.log(0.25))):
+        mean, sd, (lo, hi) = by_hand(d + [last])
+        assert line["log_token_ratio"]["mean"] == pytest.approx(mean)
+        assert line["token_ratio_90"] == pytest.approx([math.exp(lo), math.exp(hi)], rel=1e-5)
+        assert not line["saving_detected"] and not line["saving_of_25pct_excluded"]
+    assert sens["same_verdict"]
+    assert out["mean_tokens_to_first_reach"]["on_policy"] == pytest.approx((4 * 2000 + 6400) / 5)
+
+
+def test_the_sensitivity_line_can_change_the_verdict():
+    """Seeds 200-204: on-policy never reaches in 200 and 201, reaches at 2,000 in the rest; replay
+    at 6,000 in 200 and 201 and at 2,000 in the rest. Primary: d = log(6000 / 6400) twice and 0
+    three times: mean -0.0258, sd 0.0353, the 90% interval [-0.0595, +0.0079]: a 25% saving
+    excluded, none detected. At 12,800 tokens: log(6000 / 12800) = -0.758 twice: mean -0.303,
+    sd 0.415, the interval [-0.699, +0.093]: neither."""
+    import compare_confirm
+    out = compare_confirm.verdict(confirm_curves([None, None, 2000, 2000, 2000],
+                                                 [6000, 6000, 2000, 2000, 2000]))
+    for line, never in ((out["primary"], 6400), (out["sensitivity"], 12800)):
+        d = [math.log(6000 / never)] * 2 + [0.0] * 3
+        mean, sd, (lo, hi) = by_hand(d)
+        assert line["log_token_ratio"]["values"] == pytest.approx(d)
+        assert line["token_ratio_90"] == pytest.approx([math.exp(lo), math.exp(hi)], rel=1e-5)
+    assert out["primary"]["verdict"] == "a 25% saving excluded (no saving detected)"
+    assert out["sensitivity"]["verdict"] == "neither a saving detected nor a 25% saving excluded"
+    assert not out["sensitivity"]["same_verdict"]
+    assert out["primary"]["token_ratio_90"][0] == pytest.approx(math.exp(-0.0595), abs=1e-3)
+    assert out["sensitivity"]["token_ratio_90"] == pytest.approx(
+        [math.exp(-0.699), math.exp(0.093)], abs=2e-3)
+
+
+def test_the_confirmatory_plan_has_fresh_seeds_and_18_of_them():
+    import compare_confirm
+    args = compare.parse(compare_confirm.compare_argv())
+    assert args.first_seed == 200 and args.seeds == 18 and args.budget_tokens == 6400
+    assert set(dict(args.arm)) == {"on_policy", "replay"}
+    assert compare_confirm.seeds_needed() == 18 and compare_confirm.seeds_needed(alpha=0.025) == 23

@@ -115,3 +115,31 @@ def test_the_planned_command_is_the_page_s_and_compare_py_reads_it(capsys):
         with pytest.raises(SystemExit):
             compare.parse(argv)
         assert "unrecognized arguments: --generators" in capsys.readouterr().err
+
+
+# ---- the exact power (issue 67): the noncentral t without simulation --------------------------
+EFFECT_25 = -math.log(0.75) / 0.3981461232210191     # a 25% saving at the decisive look's sd
+
+
+@pytest.mark.parametrize("n, effect, alpha, reference", [
+    (18, EFFECT_25, 0.05, 0.9023833510653331), (10, EFFECT_25, 0.025, 0.5315310883040847),
+    (2, 1.0, 0.05, 0.17956248755732773), (3, 1.0, 0.05, 0.32183640914846035)])
+def test_exact_power_is_scipys_noncentral_t(n, effect, alpha, reference):
+    """Reference values from scipy, computed outside the repository (scipy is no dependency):
+    1 - nct.cdf(t.ppf(1 - alpha, n - 1), n - 1, sqrt(n) * effect)."""
+    assert power.exact_power(n, effect, alpha) == pytest.approx(reference, abs=1e-9)
+
+
+@pytest.mark.parametrize("n, alpha", [(2, 0.05), (5, 0.05), (18, 0.05), (2, 0.025), (10, 0.025)])
+def test_exact_power_at_no_effect_is_alpha(n, alpha):
+    assert power.exact_power(n, 0.0, alpha) == pytest.approx(alpha, abs=1e-7)
+
+
+def test_exact_seeds_needed_for_a_25pct_saving_at_the_decisive_sd():
+    """18 seeds at one-sided 0.05, 23 at 0.025: the fewest with power >= 0.9 (the one before
+    below it)."""
+    assert power.exact_seeds_needed(EFFECT_25, 0.9, 0.05) == 18
+    assert power.exact_seeds_needed(EFFECT_25, 0.9, 0.025) == 23
+    assert power.exact_power(17, EFFECT_25, 0.05) < 0.9 <= power.exact_power(18, EFFECT_25, 0.05)
+    assert power.exact_power(22, EFFECT_25, 0.025) < 0.9 <= power.exact_power(23, EFFECT_25, 0.025)
+    assert power.exact_seeds_needed(0.01, 0.9, 0.05, most=20) is None
