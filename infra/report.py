@@ -411,6 +411,13 @@ def resumed(cfg, state, saved_config: dict) -> None:
             f"{K} apply from round {state.round + 1}")
 
 
+# Replay (y = 2) against on-policy on SmolLM2-135M, sums, compute to first reach 0.45 (10 seeds):
+# the cost ratio per rollout at which the mean of their per-seed log ratio is 0, and below which
+# the 90% interval lies wholly above 1 (replay costs more); it lies below 1 at no ratio. From
+# docs/results/smollm2_decisive_cost_ratio.json (comparison/cost_ratio.py), tested against it.
+BREAK_EVEN, COSTS_MORE_BELOW = 6.7, 1.2
+
+
 def summary(cfg, state, run_dir: str) -> None:
     """The end-of-run lines, all measured: accuracy, tokens and the time split, the
     generation/training cost ratio (seconds per generated rollout / per trained rollout; not mu,
@@ -428,6 +435,10 @@ def summary(cfg, state, run_dir: str) -> None:
         cost_ratio = (state.gen_seconds / generated) / (state.train_seconds / trained)
         say(cfg, f"generation/training cost ratio {cost_ratio:.2f}: seconds to generate one rollout "
             f"/ to train on one")
+        say(cfg, f"replay (y = 2) broke even with on-policy at a cost ratio of {BREAK_EVEN} on "
+            f"SmolLM2-135M (the mean of 10 seeds; replay cost more below {COSTS_MORE_BELOW} and "
+            f"saved at no ratio, at 90%; docs/results.md): this run's is "
+            f"{'below' if cost_ratio < BREAK_EVEN else 'above'} it")
     for line in reuse_lines(state) + (async_lines(state, cfg.generators) if cfg.generators else []):
         say(cfg, line)
     if state.skipped_steps or state.reward_errors:
