@@ -115,12 +115,32 @@ def interval_side(lo: float, hi: float, line: float, side: str, shown: str) -> s
     return ("as the paper" if agrees else "against the paper") + f": the whole interval {where} {shown}"
 
 
-def written(fig: dict, kind: str) -> str:
+def written(fig: dict, kind: str, level: int = 90) -> str:
     """A paired test's mean [90% interval] as the page writes it: a log ratio as the ratio ("0.78x
-    [0.62, 0.99]"), a difference as itself ("+0.026 [+0.0004, +0.052]")."""
+    [0.62, 0.99]"), a difference as itself ("+0.026 [+0.0004, +0.052]"); level 95: its 95% one."""
     f = (lambda x: number(math.exp(x), "ratio")) if kind == "ratio" else (lambda x: number(x, "diff"))
-    lo, hi = fig["interval_90"]
+    lo, hi = fig[f"interval_{level}"]
     return f"{f(fig['mean'])} [{f(lo).rstrip('x')}, {f(hi).rstrip('x')}]"
+
+
+def at_alphas(fig: dict, kind: str, side: str, alpha: float) -> str | None:
+    """A secondary figure's interval in words at both levels that carry it: the 90% interval (each
+    end a one-sided 0.05 bound) and the look's (one-sided alpha: the 95% interval at 0.025); None
+    when the 90% interval holds the line (not detected at either)."""
+    assert alpha == 0.025, "the 95% interval is the look's at one-sided 0.025 only"
+    shown = "1" if kind == "ratio" else "0"
+    lo, hi = fig["interval_90"]
+    if not (lo > 0 or hi < 0):
+        return None
+    where = "above" if lo > 0 else "below"
+    agrees = where == side or (side == "not below" and where == "above")
+    words = "as the paper" if agrees else "against the paper"
+    lo95, hi95 = fig["interval_95"]
+    if lo95 > 0 or hi95 < 0:
+        return (f"{words} at one-sided 0.05 and at this look's {alpha:g}: the whole 90% and 95% "
+                f"intervals {where} {shown}")
+    return (f"{words} at one-sided 0.05 only (the whole 90% interval {where} {shown}); not at this "
+            f"look's {alpha:g}: 95% {written(fig, kind, 95).split(' ', 1)[1]}")
 
 
 def staleness_cell() -> str:
@@ -162,8 +182,10 @@ DECISIVE_ROWS = [
      "log_token_ratio", "ratio", "below"),
     ("", "mean accuracy over the evals (equal generated tokens), replay - on-policy",
      "replay/on_policy", "area_difference", "diff", "above"),
-    ("", "generation + training to first reach, replay / on-policy, generation 5x training a "
-     "rollout (the paper's GPU)", "replay/on_policy", "paper_5", "ratio", "below"),
+    ("", "generation + training to first reach, replay / on-policy, at docs/gpu.md's GPU cost "
+     "ratio (generation {gpu:.1f}x training a rollout, the fast path; [against the ratio]"
+     "(#does-replay-pay-at-your-cost-ratio-issue-67))", "replay/on_policy", "gpu_fast", "ratio",
+     "below"),
     ("3. it preserves the policy's entropy", "sampling entropy over the second half (nats a token), "
      "replay - on-policy", "replay/on_policy", "entropy_second_half_difference", "diff", "not below"),
     ("", "the same, replay - its control", "replay/control", "entropy_second_half_difference",
@@ -171,38 +193,63 @@ DECISIVE_ROWS = [
 ]
 
 
-def decisive_table(path: str = DECISIVE) -> str:
+COST_RATIO = "docs/results/smollm2_decisive_cost_ratio.json"      # comparison/cost_ratio.py's
+
+
+def decisive_table(path: str = DECISIVE, cost: str = COST_RATIO) -> str:
     """The four claims on the pre-registered SmolLM2 comparison: each figure per seed, its mean
     [90% paired t-interval] (ratios: exp of the mean log ratio), its one-sided p (t; sign-flip)
     toward the paper's side, and the verdict: the primary figure by the plan's rule at the look's
-    alpha (a saving detected, a 40% saving excluded, or neither), the rest by the 90% interval (not
-    detected: with the seeds a 90%-power test would need at the observed sd)."""
-    v = read(path)
+    alpha (a saving detected, a 40% saving excluded, or neither: the exclusion by the plan's 90%
+    interval, said with the 95% one's, the look's alpha), the rest at both (at_alphas; not detected:
+    with the seeds a 90%-power test at the look's alpha would need at the observed sd). The compute
+    at a GPU's cost ratio is cost_ratio.py's (its JSON), at docs/gpu.md's fast-path ratio."""
+    v, c = read(path), read(cost)["bases"]["rollouts"]
     n, alpha = len(v["seeds"]), v["alpha_this_look"]
+    gpu = c["marked"]["gpu_fast"]
     lines = [f"| the paper's claim | measured as | SmolLM2-135M, sums ({n} RL seeds, paired) | "
              "one-sided p toward the paper (t; sign-flip) | verdict |", "|---|---|---|---|---|"]
     for claim, what, pair, key, kind, side in DECISIVE_ROWS:
         e = v["pairs"][pair]
-        fig = e["log_compute_ratio"][key] if key.startswith("paper_") else e[key]
+        fig = gpu["log_compute_ratio"] if key == "gpu_fast" else e[key]
         ratio = kind != "diff"
         value = written(fig, "ratio" if ratio else "diff")
         below = side == "below"               # the p of the paper's direction
         p_t = fig["p_t"] if below else 1 - fig["p_t"]
         p_flip = fig["p_permutation"] if below else flipped_p(fig["values"])
         if kind == "primary":
-            if e["saving_detected"]:
-                words = f"**saving detected** (both p below {alpha:g}, this look's alpha)"
-            elif e["saving_of_40pct_excluded"]:
-                words = (f"**no saving detected at alpha {alpha:g}; a 40% saving excluded** (the "
-                         "interval's low end above 0.60)")
-            else:
-                words = (f"**not decided**: no saving detected at alpha {alpha:g}, a 40% saving not "
-                         f"excluded; a 90%-power test would need {needed(fig)} seeds at this sd")
+            words = primary_words(e, fig, alpha)
         else:                       # a log ratio's line is 0 too: the page writes it as 1
-            words = (interval_side(*fig["interval_90"], 0.0, side, "1" if ratio else "0")
-                     or f"not detected ({needed(fig)} seeds for 90% power at this sd)")
-        lines.append(f"| {claim} | {what} | {value} | {p_t:.3f}; {p_flip:.3f} | {words} |")
+            kind_ = "ratio" if ratio else "diff"
+            words = at_alphas(fig, kind_, side, alpha) or (
+                f"not detected (the mean breaks even at {c['break_even'][0]:.1f})"
+                if key == "gpu_fast" else f"not detected ({needed(fig)} seeds for 90% power at "
+                f"one-sided {alpha:g} at this sd)")
+        if (pair, key) == ("replay/on_policy", "log_step_ratio") and "replay/control" in v["pairs"]:
+            own = v["pairs"]["replay/control"][key]
+            words += ("; **by construction** (S = 8: twice on-policy's steps per generated token); "
+                      f"against the control, as many steps per token: {written(own, 'ratio')}, "
+                      + (at_alphas(own, "ratio", side, alpha) or "not detected"))
+        lines.append(f"| {claim} | {what.format(gpu=gpu['c'])} | {value} | {p_t:.3f}; "
+                     f"{p_flip:.3f} | {words} |")
     return "\n".join(lines)
+
+
+def primary_words(e: dict, fig: dict, alpha: float) -> str:
+    """The plan's verdict on its primary figure: a saving detected (both p below the look's alpha),
+    a 40% saving excluded (by the plan's rule, the 90% interval's low end above 0.60: a one-sided
+    0.05 bound; said whether the look's 95% one is too), or neither, with the seeds."""
+    if e["saving_detected"]:
+        return f"**saving detected** (both p below {alpha:g}, this look's alpha)"
+    if e["saving_of_40pct_excluded"]:
+        lo90, lo95 = (math.exp(fig[f"interval_{k}"][0]) for k in (90, 95))
+        head = f"**no saving detected at alpha {alpha:g}, this look's; a 40% saving excluded"
+        if lo95 > 0.6:
+            return f"{head}** (the 90% and 95% intervals' low ends above 0.60)"
+        return (f"{head} at one-sided 0.05 only** (the plan's rule: the 90% interval's low end "
+                f"{lo90:.2f} above 0.60; at {alpha:g} the 95% interval's, {lo95:.2f}, is not)")
+    return (f"**not decided**: no saving detected at alpha {alpha:g}, a 40% saving not excluded; a "
+            f"90%-power test at {alpha:g} would need {needed(fig)} seeds at this sd")
 
 
 def decisive_pairs_table(path: str = DECISIVE) -> str:
@@ -210,12 +257,14 @@ def decisive_pairs_table(path: str = DECISIVE) -> str:
     (ratios: exp of the mean log ratio): tokens, rollouts generated and steps to first reach 0.45
     (the tokens' one-sided p beside them), the mean accuracy over the evals, the second half's
     entropy, and generation + training to first reach at the generation / training cost per
-    rollout measured in these runs and at the paper's 5x and 7x."""
+    rollout measured in these runs and at 5x and 7x (the plan's ratios, named after the paper; no
+    measurement in this repository gives them: cost_ratio.py for the rest)."""
     v = read(path)
     mu = next(iter(v["pairs"].values()))["mu"]["measured"]
     lines = ["| pair | tokens to first reach | one-sided p (t; sign-flip) | rollouts generated to "
              "first reach | steps to first reach | mean accuracy over the evals | entropy, second "
-             f"half | compute to first reach, generation {mu:.2f}x training (measured) | 5x | 7x |",
+             f"half | compute to first reach, generation {mu:.2f}x training (measured) | 5x (the "
+             "plan's ratios, not measured) | 7x |",
              "|" + "---|" * 10]
     show = lambda fig, kind="ratio": written(fig, kind)
     for pair, e in v["pairs"].items():
@@ -250,8 +299,9 @@ def decisive_wall_table(path: str = DECISIVE_WALL) -> str:
 
 
 def needed(fig: dict) -> str:
+    from compare_decisive import SEEDS_AT_MOST
     k = fig.get("seeds_for_90pct_power")
-    return "more than 200" if k is None else str(k)
+    return f"more than {SEEDS_AT_MOST}" if k is None else str(k)
 
 
 def flipped_p(d: list[float]) -> float:

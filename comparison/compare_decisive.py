@@ -7,6 +7,7 @@ with less generation than on-policy rounds, beyond chance, and is that reuse or 
     python comparison/compare_decisive.py --seeds 10        # the plan's extension (its rule)
     python comparison/compare_decisive.py --verdict         # the plan's tests, from the records
     python comparison/compare_decisive.py --wall-clock      # the async pair, quiet cores (--verdict)
+    python comparison/compare_decisive.py --checks          # issue 67's readings of the verdict
 
 Synchronous loop only (deterministic: token figures need no quiet cores; one thread a run).
 SmolLM2-135M-Instruct, --task sums, one prompt a round of G = 4 at T = 0.7, no zero-advantage
@@ -45,6 +46,7 @@ ARMS = {"on_policy": "--batch-size 16 --buffer-size 16 --new-per-update 16",
         "control": "--batch-size 8 --buffer-size 8 --new-per-update 8"}
 PAIRS = (("replay", "on_policy"), ("replay", "control"), ("control", "on_policy"))
 MU = {"measured": None, "paper_5": 5.0, "paper_7": 7.0}   # generation / training cost per rollout
+SEEDS_AT_MOST = 500     # the seeds a 90%-power test would need: None above this
 
 
 def compare_argv(seeds: int = SEEDS, arms: dict = ARMS, records: str = RECORDS,
@@ -190,11 +192,17 @@ def look_alpha(n: int, sd: float) -> float:
     return 0.05 if n < MORE_SEEDS and sd <= SD_TO_EXTEND else 0.025
 
 
+SEEDS_RULE = ("the fewest seeds whose one-sided paired t-test at this look's alpha has power 0.9 "
+              "at the observed sd, computed exactly (power.exact_seeds_needed: the noncentral t), "
+              "for a 40% saving (tokens and compute) or the observed mean (steps, area, entropy); "
+              f"null: more than {SEEDS_AT_MOST}")
+
+
 def verdict(all_curves: dict) -> dict:
     """The plan's tests on the seeds every arm has: tokens (and steps) to first reach 0.45, the mean
     accuracy over the evals, the second half's entropy and the compute to the target, per pair;
     the look's alpha by the plan's rule."""
-    from power import Power
+    from power import exact_seeds_needed
     seeds = sorted(set.intersection(*(set(c) for c in all_curves.values())))
     reach = {arm: {s: first_reach(all_curves[arm][s]) for s in seeds} for arm in ARMS}
     out = {"seeds": seeds, "target": TARGET, "budget_tokens": BUDGET,
@@ -208,8 +216,11 @@ def verdict(all_curves: dict) -> dict:
     first = paired_test([math.log(reach["replay"][s]["tokens"] / reach["on_policy"][s]["tokens"])
                          for s in seeds])
     alpha = look_alpha(len(seeds), first["sd"])
-    out.update(look=f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})", alpha_this_look=alpha)
-    power = Power(power=0.9)
+    out.update(look=f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})", alpha_this_look=alpha,
+               seeds_for_90pct_power_rule=SEEDS_RULE)
+
+    def need(effect: float) -> int | None:
+        return exact_seeds_needed(effect, 0.9, alpha, SEEDS_AT_MOST)
     for a, b in PAIRS:
         tokens = paired_test([math.log(reach[a][s]["tokens"] / reach[b][s]["tokens"])
                               for s in seeds])
@@ -223,12 +234,10 @@ def verdict(all_curves: dict) -> dict:
         compute = {name: paired_test([math.log(compute_to_target(reach[a][s], a, mu)
                                                / compute_to_target(reach[b][s], b, mu))
                                       for s in seeds]) for name, mu in mus.items()}
-        # not detected: the seeds a one-sided test at 0.05 with 90% power would need at the
-        # observed sd, for the paper's 40% saving (token ratios) or the observed mean (the rest)
-        for fig in (tokens, *compute.values()):
-            fig["seeds_for_90pct_power"] = power.seeds_needed(-math.log(0.6) / fig["sd"])
+        for fig in (tokens, *compute.values()):             # SEEDS_RULE
+            fig["seeds_for_90pct_power"] = need(-math.log(0.6) / fig["sd"])
         for fig in (steps, area, entropy):
-            fig["seeds_for_90pct_power"] = power.seeds_needed(abs(fig["mean"]) / fig["sd"])
+            fig["seeds_for_90pct_power"] = need(abs(fig["mean"]) / fig["sd"])
         lo, hi = tokens["interval_90"]
         out["pairs"][f"{a}/{b}"] = {
             "log_token_ratio": tokens, "token_ratio": math.exp(tokens["mean"]),
@@ -245,6 +254,42 @@ def verdict(all_curves: dict) -> dict:
     return out
 
 
+def checks(all_curves: dict, wall_curves: dict) -> dict:
+    """Issue 67's readings of the verdict, from the same records: the look's exact power to detect a
+    25% and a 40% saving at its alpha and at 0.05 (the observed sd); how far the 40% exclusion
+    leans on the rule for runs that never reach (the tokens at which on-policy's non-reaching runs,
+    counted there instead of at the budget, would bring the 90% interval's low end down to 0.60);
+    and the mean age of the rollouts each arm trained on, per run, synchronous and wall-clock."""
+    from power import exact_power
+    v = verdict(all_curves)
+    fig, alpha = v["pairs"]["replay/on_policy"]["log_token_ratio"], v["alpha_this_look"]
+    n, sd = fig["n"], fig["sd"]
+    seeds = v["seeds"]
+    replay = [first_reach(all_curves["replay"][s])["tokens"] for s in seeds]
+    reach = [first_reach(all_curves["on_policy"][s]) for s in seeds]
+    never = [s for s, r in zip(seeds, reach) if not r["reached"]]
+
+    def low_end(tokens: float) -> float:
+        on = [r["tokens"] if r["reached"] else tokens for r in reach]
+        return paired_test([math.log(a / b) for a, b in zip(replay, on)])["interval_90"][0]
+    lo, hi = float(BUDGET), 100.0 * BUDGET
+    if low_end(lo) > math.log(0.6) > low_end(hi):
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if low_end(mid) > math.log(0.6) else (lo, mid)
+    ages = lambda runs: {a: [runs[a][s]["record"]["reuse"]["age_mean"] for s in sorted(runs[a])]
+                         for a in runs}                                        # noqa: E731
+    return {"seeds": seeds, "alpha_this_look": alpha, "sd": sd,
+            "power": {f"saving_{round(100 * sv)}pct": {
+                "at_look_alpha": exact_power(n, -math.log(1 - sv) / sd, alpha),
+                "at_0.05": exact_power(n, -math.log(1 - sv) / sd, 0.05)} for sv in (0.25, 0.4)},
+            "exclusion_of_40pct": {
+                "low_end_90": math.exp(fig["interval_90"][0]),
+                "low_end_95": math.exp(fig["interval_95"][0]), "on_policy_never_reached": never,
+                "fails_from_tokens": (lo + hi) / 2 if never else None},
+            "age_mean": {"synchronous": ages(all_curves), "wall_clock": ages(wall_curves)}}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="compare_decisive.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,6 +297,8 @@ def main(argv=None):
     p.add_argument("--verdict", action="store_true", help="the plan's tests from the records")
     p.add_argument("--seeds", type=int, default=SEEDS, choices=(SEEDS, MORE_SEEDS),
                    help="6, or 10 when the plan's rule extends it")
+    p.add_argument("--checks", action="store_true",
+                   help="issue 67's readings of the verdict (checks()), from the records")
     p.add_argument("--wall-clock", action="store_true",
                    help="the plan's wall-clock pair (async, seeds 100-105, one run at a time; it "
                         "refuses to start on busy cores); with --verdict, its test")
@@ -259,6 +306,10 @@ def main(argv=None):
     if args.wall_clock and args.seeds != SEEDS:
         p.error(f"--wall-clock with --seeds {args.seeds}: the wall-clock pair has the plan's "
                 f"{SEEDS} seeds")
+    if args.checks:
+        result = checks(curves(), curves(WALL_RECORDS, WALL_ARMS))
+        print(json.dumps(result, indent=1))
+        return result
     if args.verdict:
         result = (wall_verdict(curves(WALL_RECORDS, WALL_ARMS)) if args.wall_clock
                   else verdict(curves()))

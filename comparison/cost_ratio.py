@@ -207,7 +207,8 @@ def readout(all_curves: dict, grid: int = POINTS) -> dict:
             "crossings": {k: crossings(pp, basis, k)
                           for k in ("low_90", "high_90", "low_95", "high_95")},
             "ranges_90": ranges(pp, basis),
-            "marked": {name: at(pp, c, basis) for name, c in marks.items()},
+            "marked": {name: {**at(pp, c, basis), "log_compute_ratio": decisive.paired_test(
+                log_ratios(pp, c, basis))} for name, c in marks.items()},
             "at_zero": at(pp, 0.0, basis), "at_infinity": {**at(pp, math.inf, basis),
                                                            "c": "infinity"}}
     return out
@@ -258,6 +259,41 @@ def plot(r: dict, path: str, title: str):
     return fig
 
 
+def ratio(m: dict) -> str:
+    lo, hi = m["ratio_90"]
+    return f"{m['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+def where(b: dict, words: str) -> str:
+    """The cost ratios (in the search range) where the 90% interval lies as the words say."""
+    got = [x for x in b["ranges_90"] if x["at_90"] == words]
+    if not got:
+        return f"at no c up to {b['ranges_90'][-1]['to']:,.0f}"
+    return "; ".join("c below " + f"{x['to']:.2g}" if x["from"] == b["ranges_90"][0]["from"]
+                     else "c above " + f"{x['from']:.2g}" if x["to"] == b["ranges_90"][-1]["to"]
+                     else f"c {x['from']:.2g}-{x['to']:.2g}" for x in got)
+
+
+def table(path: str) -> str:
+    """The page's table of a cost-ratio JSON: per basis, the break-even, where the 90% interval lies
+    above or below 1, and the compute ratio at each marked cost ratio and as c grows."""
+    r = json.load(open(os.path.join(ROOT, path)))
+    g = r["gpu"]
+    lines = ["| basis | break-even (the mean) | replay costs more (90% interval above 1) | replay "
+             "saves (90% interval below 1) | this CPU | GPU, fast path "
+             f"({g['gpu_fast']:.1f}) | GPU, plain generate (at least {g['gpu_plain_low']:.0f}) | "
+             f"(at least {g['gpu_plain_high']:.0f}) | as c grows without bound |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for basis, b in r["bases"].items():
+        m = b["marked"]
+        even = ", ".join(f"{x:.1f}" for x in b["break_even"]) or "none"
+        lines.append(f"| {basis} | {even} | {where(b, 'replay costs more')} | "
+                     f"{where(b, 'replay saves')} | c {m['cpu']['c']:.2f}: {ratio(m['cpu'])} | "
+                     f"{ratio(m['gpu_fast'])} | {ratio(m['gpu_plain_low'])} | "
+                     f"{ratio(m['gpu_plain_high'])} | {ratio(b['at_infinity'])} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="cost_ratio.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,6 +316,7 @@ def main(argv=None) -> dict:
         with open(path, "w") as f:
             json.dump(r, f, indent=1)
             f.write("\n")
+        print(table(path))
         sys.path.insert(0, ROOT)
         plot(r, os.path.splitext(path)[0] + ".png",
              f"SmolLM2-135M, sums: replay (y = 2) against on-policy, {len(r['seeds'])} seeds "

@@ -234,6 +234,36 @@ def decisive_figures() -> set:
     if os.path.exists(wall):                # its wall-clock pair, once its verdict is written
         out.add(claims.written(json.load(open(wall))["async_replay/on_policy"]["log_seconds_ratio"],
                                "ratio"))
+    return out | issue67_figures()
+
+
+def bare(written: str) -> str:
+    """The interval of a written figure, "[lo, hi]"."""
+    return "[" + written.split("[", 1)[1]
+
+
+def issue67_figures(name: str = "decisive") -> set:
+    """Issue 67's readings of a comparison, as the page writes their figures: the 95% intervals of
+    the verdict's figures, bare (the look's alpha); the compute ratio against the cost ratio at each
+    marked ratio and as it grows (cost_ratio.py's JSON); the per-arm and paired figures of holding
+    the target (holding.py's JSON)."""
+    import cost_ratio
+    import holding
+    out = set()
+    verdict = claims.read(f"docs/results/smollm2_{name}.json")
+    for pair in verdict["pairs"].values():
+        logs = [pair[k] for k in ("log_token_ratio", "log_round_ratio", "log_step_ratio")]
+        out |= {bare(claims.written(f, "ratio", 95)) for f in logs}
+        out |= {bare(claims.written(pair[k], "diff", 95))
+                for k in ("area_difference", "entropy_second_half_difference")}
+    cost = claims.read(f"docs/results/smollm2_{name}_cost_ratio.json")
+    for b in cost["bases"].values():
+        out |= {cost_ratio.ratio(m) for m in [*b["marked"].values(), b["at_infinity"]]}
+    held = claims.read(f"docs/results/smollm2_{name}_holding.json")
+    for e in held["pairs"].values():
+        for k in ("peak", "final"):
+            out.add(holding.interval(e[k], f=holding.diff))
+            out.add(bare(holding.interval(e[k], "interval_95", holding.diff)))
     return out
 
 
@@ -253,6 +283,10 @@ def test_the_real_model_prose_states_only_figures_of_its_summaries():
     known |= collapse_final_differences()
     known |= decisive_figures()
     table = claims.table() + claims.arms_table() + claims.arms_table(claims.Y4) + claims.pairs_table()
+    import cost_ratio
+    import holding
+    table += (holding.table("docs/results/smollm2_decisive_holding.json")
+              + cost_ratio.table("docs/results/smollm2_decisive_cost_ratio.json"))
     stated = json.load(open(os.path.join(ROOT, "docs", "results", "smollm2_power.json")))
     table += power.table(stated) + power.differences_table(stated)     # checked in test_power
     quoted = re.findall(r"(?:(?:\d+\.\d\dx|[+-]\d\.\d{3,4}) )?\[[-+\d][^\]]*\]", " ".join(prose.split()))
@@ -293,3 +327,163 @@ def test_which_runs_shared_the_cores_is_what_their_cpu_seconds_say():
     assert shared == {("on_policy", 0), ("on_policy", 1), ("on_policy", 2), ("replay", 0),
                       ("replay", 1), ("replay", 2), ("replay_big", 0), ("replay_big", 1),
                       ("control", 0), ("control", 1)}
+
+
+def test_the_pages_opening_states_only_figures_of_the_decisive_json():
+    """The words above the earlier comparisons' table (the decisive comparison's reading): each
+    figure with an interval is the decisive JSONs' (90% or, bare, 95%), issue 67's readings', or
+    the tables' own."""
+    import re
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    opening = text[:text.index(claims.table())]
+    known = decisive_figures()
+    table = claims.decisive_table() + claims.decisive_pairs_table()
+    quoted = re.findall(r"(?:(?:\d+\.\d\dx|[+-]\d\.\d{3,4}) )?\[[-+\d][^\]]*\]",
+                        " ".join(opening.split()))
+    quoted = [q for q in quoted if "%" not in q]            # "[90% paired t-interval]": words
+    assert len(quoted) >= 20
+    for figure in quoted:
+        assert figure in known or figure in table, figure
+
+
+def test_issue67s_readings_on_the_page_are_their_jsons():
+    """The figures issue 67's sentences state without an interval, each from its JSON: the look's
+    exact power, the tokens from which the 40% exclusion fails, the 95% low end, the ages of the
+    wall-clock pair; the break-evens and where the 90% interval lies; the falls."""
+    import cost_ratio
+    text = " ".join(open(os.path.join(ROOT, "docs", "results.md")).read().split())
+    c = claims.read("docs/results/smollm2_decisive_checks.json")
+    power25, power40 = c["power"]["saving_25pct"], c["power"]["saving_40pct"]
+    ex = c["exclusion_of_40pct"]
+    age = c["age_mean"]
+    span = lambda xs: f"{min(xs):.2f}-{max(xs):.2f}"                       # noqa: E731
+    for said in (
+            f"this look had power {power25['at_look_alpha']:.2f} to detect a 25% saving at 0.025 "
+            f"({power25['at_0.05']:.2f} at 0.05; {power40['at_look_alpha']:.2f} for a 40% saving)",
+            f"it does ({ex['low_end_90']:.2f}), but that end is a one-sided 0.05 bound: at the "
+            f"look's 0.025 the low end is {ex['low_end_95']:.2f}",
+            "on-policy's two runs that never reached 0.45 (seeds "
+            + " and ".join(map(str, ex["on_policy_never_reached"])) + ")",
+            f"had they needed {math.ceil(ex['fails_from_tokens']):,} tokens or more",
+            f"async replay's rollouts were {span(age['wall_clock']['async_replay'])} steps old on "
+            f"average, run by run, async on-policy's {span(age['wall_clock']['on_policy'])}, "
+            f"against {max(age['synchronous']['replay']):.2f} for synchronous replay and "
+            f"{max(age['synchronous']['on_policy']):g} for synchronous on-policy"):
+        assert said in text, said
+    assert c["alpha_this_look"] == 0.025 and len(ex["on_policy_never_reached"]) == 2
+    r = claims.read("docs/results/smollm2_decisive_cost_ratio.json")
+    rb, tb = r["bases"]["rollouts"], r["bases"]["tokens"]
+    for said in (
+            f"**On a rollouts basis the mean breaks even at c = {rb['break_even'][0]:.1f}**",
+            f"Below c = {rb['crossings']['low_90'][0]:.1f} replay's extra compute is detected",
+            f"This CPU ({rb['marked']['cpu']['c']:.2f}) sits just above "
+            f"{rb['crossings']['low_90'][0]:.1f}",
+            f"the mean breaks even at c = {tb['break_even'][0]:.1f}, replay's extra compute is "
+            f"detected below {tb['crossings']['low_90'][0]:.2f} and a saving only above "
+            f"{tb['crossings']['high_90'][0]:.0f}",
+            f"extra compute only below c = {rb['crossings']['low_95'][0]:.2f} (rollouts) and "
+            f"{tb['crossings']['low_95'][0]:.2f} (tokens), a saving nowhere up to 10,000",
+            f"the mean breaks even at {rb['break_even'][0]:.1f} per rollout "
+            f"({tb['break_even'][0]:.1f} per token)",
+            f"this CPU's, {rb['marked']['cpu']['c']:.2f}, measured in the on-policy runs' own "
+            f"seconds (one thread; per token {tb['marked']['cpu']['c']:.2f} too)"):
+        assert said in text, said
+    assert rb["crossings"]["high_90"] == [] and rb["crossings"]["high_95"] == []
+    assert tb["crossings"]["high_95"] == [] and r["search"][1] == 10_000
+    assert cost_ratio.where(rb, "replay saves") == "at no c up to 10,000"
+    h = claims.read("docs/results/smollm2_decisive_holding.json")
+    arms, pair = h["arms"], h["pairs"]["replay/on_policy"]
+    fell = arms["replay"]["fell_seeds"]
+    for said in (
+            f"{arms['replay']['fell']} of replay's {arms['replay']['reached']} runs fell below "
+            f"0.30 after reaching it, {arms['control']['fell']} of the control's "
+            f"{arms['control']['reached']}, none of on-policy's {arms['on_policy']['reached']}",
+            f"seed 103 to {fell['103']['lowest_after_reach']:.2f}, ending at "
+            f"{fell['103']['final']:.2f}; seed 106 to {fell['106']['final']:.2f}, its last eval",
+            f"(seed 104: {arms['control']['fell_seeds']['104']['lowest_after_reach']:.2f} at its "
+            f"lowest, {arms['control']['fell_seeds']['104']['final']:.2f} at the end)",
+            f"With {arms['replay']['fell']} of {arms['replay']['reached']} against "
+            f"{arms['on_policy']['fell']} of {arms['on_policy']['reached']} the difference in "
+            f"falls is not detected (Fisher's p {pair['fell_fisher_p']:.2f})",
+            f"up to {arms['replay']['fell_interval_90'][1]:.2f} of replay's runs and "
+            f"{arms['on_policy']['fell_interval_90'][1]:.2f} of on-policy's"):
+        assert said in text, said
+    assert fell["106"]["lowest_after_reach"] == fell["106"]["final"]
+    assert pair["peak"]["interval_95"][0] > 0
+    assert h["pairs"]["replay/control"]["peak"]["interval_95"][0] > 0
+
+
+def test_the_readme_states_issue67s_readings_as_their_jsons():
+    """README's "Does replay pay?": the look's power, the 95% interval's low end, the break-evens
+    and where the 90% interval lies, each from its JSON."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = " ".join(readme.split("## Does replay pay?\n", 1)[1].split("\n## ", 1)[0].split())
+    c = claims.read("docs/results/smollm2_decisive_checks.json")
+    r = claims.read("docs/results/smollm2_decisive_cost_ratio.json")
+    rb, tb = r["bases"]["rollouts"], r["bases"]["tokens"]
+    for said in (
+            f"by a look with power {c['power']['saving_25pct']['at_look_alpha']:.2f} for a 25% "
+            "saving",
+            f"the 95% low end {c['exclusion_of_40pct']['low_end_95']:.2f}",
+            f"broke even with on-policy's at {rb['break_even'][0]:.1f} on average "
+            f"({tb['break_even'][0]:.1f} counting tokens), was higher at 90% below "
+            f"{rb['crossings']['low_90'][0]:.1f} (this CPU, {rb['marked']['cpu']['c']:.2f}: "
+            f"{claims.written(rb['marked']['cpu']['log_compute_ratio'], 'ratio')}) and lower at "
+            "no ratio"):
+        assert said in section, said
+    assert rb["crossings"]["high_90"] == []
+
+
+@pytest.mark.parametrize("i90, i95, side, words", [
+    ([0.1, 0.3], [0.05, 0.35], "above", "as the paper at one-sided 0.05 and at this look's 0.025: "
+                                        "the whole 90% and 95% intervals above 0"),
+    ([0.01, 0.3], [-0.02, 0.33], "above", "as the paper at one-sided 0.05 only (the whole 90% "
+                                          "interval above 0); not at this look's 0.025: 95% "
+                                          "[-0.020, +0.330]"),
+    ([-0.3, -0.01], [-0.33, 0.02], "not below", "against the paper at one-sided 0.05 only (the "
+                                                "whole 90% interval below 0); not at this look's "
+                                                "0.025: 95% [-0.330, +0.020]"),
+    ([-0.1, 0.3], [-0.15, 0.35], "above", None),
+])
+def test_a_secondary_figure_is_said_at_the_alpha_that_carries_it(i90, i95, side, words):
+    """The 90% interval's ends are one-sided 0.05 bounds, the 95% one's the look's 0.025: a figure
+    on one side of the line at both, at 0.05 only (with its 95% interval), or at neither (None)."""
+    fig = {"mean": sum(i90) / 2, "interval_90": i90, "interval_95": i95}
+    assert claims.at_alphas(fig, "diff", side, 0.025) == words
+
+
+@pytest.mark.parametrize("lo90, lo95, says", [
+    (0.62, 0.59, "a 40% saving excluded at one-sided 0.05 only** (the plan's rule: the 90% "
+                 "interval's low end 0.62 above 0.60; at 0.025 the 95% interval's, 0.59, is not)"),
+    (0.70, 0.65, "a 40% saving excluded** (the 90% and 95% intervals' low ends above 0.60)"),
+])
+def test_the_40pct_exclusion_is_said_at_the_level_that_carries_it(lo90, lo95, says):
+    fig = {"interval_90": [math.log(lo90), 0.0], "interval_95": [math.log(lo95), 0.1]}
+    e = {"saving_detected": False, "saving_of_40pct_excluded": True}
+    assert says in claims.primary_words(e, fig, 0.025)
+
+
+def test_the_seeds_for_power_on_the_page_are_exact_at_the_looks_alpha():
+    """Every seeds_for_90pct_power of the decisive verdict is the fewest n whose one-sided paired
+    t-test at the look's alpha (0.025) has power 0.9 at the figure's effect (a 40% saving for
+    tokens and compute, the observed mean for the rest): the power at n - 1 below 0.9."""
+    v = claims.read(claims.DECISIVE)
+    alpha = v["alpha_this_look"]
+    assert alpha == 0.025 and "exactly" in v["seeds_for_90pct_power_rule"]
+    checked = 0
+    for pair in v["pairs"].values():
+        figs = [(pair["log_token_ratio"], True)] + [(f, True) for f in
+                                                     pair["log_compute_ratio"].values()]
+        figs += [(pair[k], False) for k in ("log_step_ratio", "area_difference",
+                                            "entropy_second_half_difference")]
+        for fig, saving in figs:
+            effect = (-math.log(0.6) if saving else abs(fig["mean"])) / fig["sd"]
+            k = fig["seeds_for_90pct_power"]
+            if k is None:
+                assert power.exact_power(500, effect, alpha) < 0.9
+                continue
+            assert power.exact_power(k - 1, effect, alpha) < 0.9 <= power.exact_power(k, effect,
+                                                                                      alpha)
+            checked += 1
+    assert checked >= 20
+    assert v["pairs"]["replay/control"]["log_token_ratio"]["seeds_for_90pct_power"] == 17
