@@ -301,8 +301,11 @@ def main(argv=None) -> dict:
     p.add_argument("--output", default=None, help="the JSON (default docs/results/smollm2_"
                    "<comparison>_cost_ratio.json; the plot beside it, .png); '-': print only")
     args = p.parse_args(argv)
+    curves = load(args.comparison)
+    if len(set(curves[PAIR[0]]) & set(curves[PAIR[1]])) < 2:
+        p.error(f"{args.comparison}: fewer than 2 seeds with both arms' records")
     r = {"comparison": args.comparison, "records": list(COMPARISONS[args.comparison]),
-         **readout(load(args.comparison))}
+         **readout(curves)}
     for basis, b in r["bases"].items():
         even = ", ".join(f"{x:.2f}" for x in b["break_even"]) or "none"
         print(f"{basis}: break-even c {even}; " + "; ".join(

@@ -148,8 +148,10 @@ def main(argv=None) -> dict:
                    "<comparison>_holding.json); '-': print only")
     args = p.parse_args(argv)
     records, arms = COMPARISONS[args.comparison]
-    r = {"comparison": args.comparison, "records": records,
-         **readout(decisive.curves(records, {a: decisive.ARMS[a] for a in arms}))}
+    curves = decisive.curves(records, {a: decisive.ARMS[a] for a in arms})
+    if len(set.intersection(*(set(c) for c in curves.values()))) < 2:
+        p.error(f"{args.comparison}: fewer than 2 seeds with every arm's records")
+    r = {"comparison": args.comparison, "records": records, **readout(curves)}
     path = args.output or os.path.join("docs", "results", f"smollm2_{args.comparison}_holding.json")
     if args.output != "-":
         with open(os.path.join(ROOT, path), "w") as f:

@@ -147,3 +147,13 @@ def test_the_end_of_run_summary_says_where_the_runs_cost_ratio_stands(capsys):
         assert f"generation/training cost ratio {gen / 10:.2f}: seconds to generate one" in out
         assert (f"replay (y = 2) broke even with on-policy at a cost ratio of 6.7 on SmolLM2-135M"
                 in out and f"this run's is {where} it" in out)
+
+
+def test_fewer_than_two_paired_seeds_is_refused_in_one_line(monkeypatch, capsys):
+    """The confirmatory records arrive one by one: with fewer than 2 seeds in both arms the script
+    says so instead of failing inside the statistics."""
+    monkeypatch.setattr(cost_ratio, "load", lambda comparison: {"replay": {}, "on_policy": {
+        200: run(2000, 20, 5)}})
+    with pytest.raises(SystemExit):
+        cost_ratio.main(["--comparison", "confirmatory", "--output", "-"])
+    assert "fewer than 2 seeds with both arms' records" in capsys.readouterr().err
