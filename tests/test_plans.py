@@ -262,3 +262,18 @@ def test_the_confirmatory_plan_has_fresh_seeds_and_18_of_them():
     assert args.first_seed == 200 and args.seeds == 18 and args.budget_tokens == 6400
     assert set(dict(args.arm)) == {"on_policy", "replay"}
     assert compare_confirm.seeds_needed() == 18 and compare_confirm.seeds_needed(alpha=0.025) == 23
+
+
+@pytest.mark.slow
+def test_the_decisive_verdict_and_checks_jsons_are_what_the_records_give(capsys):
+    """docs/results/smollm2_decisive.json (--verdict) and smollm2_decisive_checks.json (--checks,
+    issue 67's readings) as compare_decisive.py computes them from the committed records today."""
+    import json
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for flag, name in (("--verdict", "smollm2_decisive.json"),
+                       ("--checks", "smollm2_decisive_checks.json")):
+        again = compare_decisive.main([flag])
+        committed = json.load(open(os.path.join(root, "docs", "results", name)))
+        assert json.loads(json.dumps(again, default=lambda x: None)) == committed, name
+    capsys.readouterr()
