@@ -1,115 +1,278 @@
-"""RL post-training with experience replay, the whole method on one screen.
+"""RL post-training with experience replay: the whole method in one file, read top to bottom.
 
-    python minimal.py       # the demo model learns to carry in 2-digit sums, a minute or so on CPU
+    python minimal.py        # the demo model learns to carry in 2-digit sums (a few minutes, CPU)
 
-Each round: sample G completions for each of P prompts with the current policy, storing for every
-token o_t its behaviour log-prob log mu(o_t) and for every completion its group-normalized advantage
-A = (r - mean(r)) / (std(r) + 1e-4) (the sample std), 0 for a group of equal rewards. Add the
-R = P x G new rollouts to a FIFO buffer of N; take K = 1 optimizer step on B rollouts drawn from it
-uniformly. Here B = N = 256: once full, every step takes the whole buffer (B < N draws a subset),
-so with R = 128 each rollout is used twice (replay ratio y = K*B/R = 2), fresh and a step stale.
-The staleness is corrected by truncated importance weights (w_t without gradient; token mean over
-the batch):
-    rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),   loss = - sum_t w_t A log pi_theta(o_t)
-train.py runs this loop with every option, checkpoints and several GPUs; tests/test_minimal.py
-checks that the update here gives train.py's loss and gradient.
+It imports torch, transformers, peft and the standard library, and nothing of this repository. The
+demo model is a 0.53M-parameter Llama with a character tokenizer, loaded with ``from_pretrained``
+from the folder demo/; it was trained on sums by a sloppy teacher who forgets each carry 70% of
+the time, so it knows how to carry but rarely does (0.35 of the held-out sums right). RL with a
+0/1 reward for the exact sum teaches it to carry (0.9 or more).
+
+The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706). Each round:
+  1. sample G completions for each of P prompts with the current policy pi_theta. The policy as it
+     is now is the *behaviour policy* mu of these rollouts: store log mu(o_t) for every token o_t;
+  2. reward each completion (r), normalized in its group of G: A = (r - mean r) / (std r + eps);
+  3. add the R = P x G rollouts to a FIFO buffer of capacity N (the oldest leave first);
+  4. take K optimizer steps, each on B rollouts drawn uniformly from the buffer (distinct within a
+     batch, not removed), so each rollout is used about y = K*B/R times (the replay ratio).
+By the time a rollout is replayed pi_theta has moved away from mu: truncated importance weights
+correct for it, per completion token, with the weight held constant (no gradient through it):
+    rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),
+    L = - sum_t w_t A log pi_theta(o_t) / (the batch's completion tokens)
+On fresh data rho = 1 and this is the plain policy gradient.
+
+Where this file departs from the paper (train.py offers each of the paper's choices as a flag):
+  - the loss: truncated IS (C = 2) here; the paper's clipped GRPO objective is train.py --loss ppo;
+  - the model: a tiny demo with LoRA adapters, AdamW at lr 1e-3; the paper fine-tuned Qwen3-0.6B
+    and larger in full, Adam at a constant lr of 3.37e-7, batches of 60, G = 16;
+  - synchronous rounds: generate, then train. The paper's workers generate while the trainer trains
+    (train.py --generators n, async_rl.py);
+  - log mu by a second, no-grad forward after generate (about a third of a round's cost here);
+    train.py records it while generate samples (rollout.BehaviourLogProbs), with no second forward.
+Each piece below equals its counterpart in rollout.py, buffer.py or replay_rl.py on the same inputs
+(tests/test_minimal.py).
 """
-import logging
+import os
 import random
+import warnings
+from collections import deque
+from dataclasses import dataclass
 
 import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from infra import demo_model
-import tasks
-from buffer import ReplayBuffer, collate
-from replay_rl import completion_logp, load_policy, policy_loss
-from rollout import generate_rollouts, greedy_accuracy
+# peft 0.21 asks transformers 5 a deprecated question when it wraps the model: a notice, not ours
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo")
 P, G = 16, 8                # prompts per round x completions per prompt: R = 128 new rollouts
-N, B = 256, 256             # buffer capacity; rollouts per optimizer step: each used K*B/R = 2x
-LR, IS_CAP = 1e-3, 2.0      # AdamW learning rate of the LoRA weights; C, the weights' cap
-TEMPERATURE = 1.0           # T: mu samples at it and the loss takes log pi_theta at it, the same T
+N, B, K = 256, 256, 1       # buffer capacity; rollouts per step; steps per round: y = K*B/R = 2
+C = 2.0                     # the cap of the importance weight
+T = 1.0                     # the sampling temperature: mu samples at T, the loss scores at T
+LR = 1e-3                   # AdamW, LoRA weights only
 ROUNDS, EVAL_EVERY = 100, 25
+MAX_NEW_TOKENS = 5          # a sum of two 2-digit numbers has at most 3 digits, then EOS
 
 
-def update(model, optimizer, rollouts, pad_id: int, *, temperature: float, is_cap: float,
-           max_grad_norm: float = 1.0) -> dict:
-    """One truncated-IS policy-gradient step on a batch of rollouts, on the model's device, skipped
-    if its loss or gradient is NaN/inf; the loss and metrics. temperature: the T the rollouts were
-    sampled at; is_cap: C."""
-    device = next(model.parameters()).device
-    cols = collate(rollouts, pad_id, device=device)     # padded: tokens, masks, logp, advantages
-    # log pi_theta(o_t), [batch, max_len]
-    logp, _ = completion_logp(model, cols, temperature)
-    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
-                                cols["completion_mask"], is_cap=is_cap)
+# ---- the task: 2-digit sums, a fixed held-out split --------------------------------------------
+PAIRS = [(a, b) for a in range(100) for b in range(100)]
+random.Random(1234).shuffle(PAIRS)                          # the split of tasks.addition_task
+EVAL_PROMPTS = [f"{a}+{b}=" for a, b in PAIRS[:500]]
+TRAIN_PROMPTS = [f"{a}+{b}=" for a, b in PAIRS[500:]]
+
+
+def reward(prompt: str, completion: str) -> float:
+    """1 for the exact sum ("37+45=" -> "82"), else 0. Parsed, never evaluated."""
+    a, b = prompt[:-1].split("+")
+    return float(completion.strip() == str(int(a) + int(b)))
+
+
+# ---- a rollout: what travels from generation to the loss ---------------------------------------
+@dataclass(eq=False)
+class Rollout:
+    prompt_ids: torch.Tensor        # [prompt length], no padding
+    completion_ids: torch.Tensor    # [completion length], up to and including the first EOS
+    behaviour_logp: torch.Tensor    # [completion length], log mu(o_t) at temperature T
+    reward: float
+    advantage: float                # A, fixed when sampled: never recomputed on replay
+    policy_version: int             # optimizer steps the sampling policy had taken
+    uses: int = 0                   # training batches it has been in
+
+
+# ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
+@torch.no_grad()
+def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int):
+    """G samples of each prompt from softmax(z_t / T), as Rollouts with log mu and A; the mean
+    reward. The model must be in eval mode (no dropout: it samples the function it trains)."""
+    enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
+                    padding_side="left", add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    # Every setting that would change the distribution from softmax(z_t / T) at its neutral value:
+    # generate's own default top_k of 50 would otherwise cut it, and log mu would be wrong.
+    config = GenerationConfig(do_sample=True, temperature=T, top_k=0, top_p=1.0,
+                              max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos,
+                              pad_token_id=tokenizer.pad_token_id)
+    sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
+    prompt_len = enc.input_ids.shape[1]
+    completions = sequences[:, prompt_len:]
+    # A completion keeps its tokens up to and including its first EOS (all, if none): after it
+    # generate pads, with the pad id that may equal EOS, so the mask is by position, not by id.
+    is_eos = completions == eos
+    length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
+    mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
+    # log mu(o_t) = log softmax(z_t / T)[o_t], z_t the logits one position to the left of o_t.
+    # One forward more than generate ran (its cost: a training forward without the backward).
+    attention = torch.cat([enc.attention_mask, mask.long()], 1)
+    positions = (attention.cumsum(1) - 1).clamp(min=0)              # generate's, under left padding
+    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
+    z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
+    behaviour_logp = torch.log_softmax(z / T, -1).gather(-1, completions[..., None]).squeeze(-1)
+    # 2. rewards, and advantages within each group of G
+    texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
+                                   skip_special_tokens=True)
+    rewards = torch.tensor([reward(prompts[i // G], text) for i, text in enumerate(texts)])
+    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
+                        completion_ids=completions[i, :length[i]],
+                        behaviour_logp=behaviour_logp[i, :length[i]], reward=rewards[i].item(),
+                        advantage=advantages[i].item(), policy_version=policy_version)
+                for i in range(len(texts))]
+    return rollouts, rewards.mean().item()
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """A = (r - mean r) / (std r + eps) within each group (a row of rewards [P, G]), with the
+    sample std; a group of equal rewards gets exactly 0 (it teaches nothing)."""
+    mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
+    equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
+    return torch.where(equal, 0.0, (rewards - mean) / (std + eps))
+
+
+# ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
+class ReplayBuffer:
+    """Up to N rollouts, oldest first; adding past N evicts the oldest (FIFO). sample(B) draws B
+    distinct rollouts uniformly and leaves them in: each can be drawn again (replay)."""
+
+    def __init__(self, capacity: int, seed: int):
+        self.items = deque(maxlen=capacity)     # appending to a full deque drops its oldest
+        self.rng = random.Random(seed)
+
+    def add(self, rollouts: list[Rollout]) -> None:
+        self.items.extend(rollouts)
+
+    def sample(self, batch_size: int, policy_version: int) -> tuple[list[Rollout], list[int]]:
+        """B rollouts, their use counts raised; and their ages (steps since each was sampled)."""
+        batch = self.rng.sample(list(self.items), batch_size)
+        for rollout in batch:
+            rollout.uses += 1
+        return batch, [policy_version - rollout.policy_version for rollout in batch]
+
+
+# ---- 4. one optimizer step: collate, log pi_theta, the loss --------------------------------------
+def collate(rollouts: list[Rollout], pad_id: int) -> dict:
+    """One padded batch: prompts left-padded, completions right-padded, so every completion starts
+    at the same column:  [pad pad p p p | c c c EOS pad]
+    input_ids, attention_mask, position_ids [batch, prompt_len + max_len]; completion_mask and
+    behaviour_logp [batch, max_len]; advantage [batch]."""
+    prompt_len = max(len(r.prompt_ids) for r in rollouts)
+    max_len = max(len(r.completion_ids) for r in rollouts)
+    batch = len(rollouts)
+    input_ids = torch.full((batch, prompt_len + max_len), pad_id)
+    attention_mask = torch.zeros((batch, prompt_len + max_len), dtype=torch.long)
+    behaviour_logp = torch.zeros((batch, max_len))
+    for i, r in enumerate(rollouts):
+        start, end = prompt_len - len(r.prompt_ids), prompt_len + len(r.completion_ids)
+        input_ids[i, start:prompt_len] = r.prompt_ids
+        input_ids[i, prompt_len:end] = r.completion_ids
+        attention_mask[i, start:end] = 1
+        behaviour_logp[i, :len(r.completion_ids)] = r.behaviour_logp
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            # positions count real tokens only, as generate numbered them under left padding
+            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+            "completion_mask": attention_mask[:, prompt_len:].float(),
+            "behaviour_logp": behaviour_logp,
+            "advantage": torch.tensor([r.advantage for r in rollouts])}
+
+
+def completion_logp(model, batch: dict) -> torch.Tensor:
+    """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
+    with gradient. The logits at column j predict token j + 1, so the completion's tokens are
+    scored by the max_len columns to their left (the last column predicts nothing: not fed)."""
+    max_len = batch["completion_mask"].shape[1]
+    logits = model(input_ids=batch["input_ids"][:, :-1],
+                   attention_mask=batch["attention_mask"][:, :-1],
+                   position_ids=batch["position_ids"][:, :-1]).logits[:, -max_len:]
+    tokens = batch["input_ids"][:, -max_len:]
+    return torch.log_softmax(logits.float() / T, -1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def policy_loss(logp, behaviour_logp, advantage, mask):
+    """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), the weight
+    w_t = min(rho_t, C) held constant; logp, behaviour_logp, mask [batch, max_len], advantage
+    [batch]. Padding is selected away (torch.where), never multiplied by 0: NaN * 0 is NaN."""
+    real = mask > 0
+    logp = torch.where(real, logp, 0.0)
+    rho = torch.exp(logp - torch.where(real, behaviour_logp, 0.0)).detach()    # no gradient
+    w = rho.clamp(max=C)
+    per_token = torch.where(real, -w * advantage[:, None] * logp, 0.0)
+    tokens = mask.sum().clamp(min=1)
+    metrics = {"is_ratio_mean": (rho * mask).sum().item() / tokens.item(),
+               "is_truncated_frac": ((rho > C) * mask).sum().item() / tokens.item()}
+    return per_token.sum() / tokens, metrics
+
+
+def update(model, optimizer, rollouts: list[Rollout], pad_id: int) -> dict:
+    """One step: the loss of the batch, backward, the gradient clipped at norm 1 (a guard against a
+    rare huge step, not part of the method), skipped if the loss or gradient is NaN/inf (it would
+    poison the weights and AdamW's moments for good)."""
+    batch = collate(rollouts, pad_id)
+    loss, metrics = policy_loss(completion_logp(model, batch), batch["behaviour_logp"],
+                                batch["advantage"], batch["completion_mask"])
     optimizer.zero_grad()
     loss.backward()
-    # a guard against a rare huge step (one batch of unlucky ratios), not part of the method
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                               max_grad_norm)
-    skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))   # NaN/inf: poison for good
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
     if not skipped:
         optimizer.step()
-    return {"loss": loss.item(), "skipped": int(skipped),
-            **{k: v.item() for k, v in metrics.items()}}
+    return {"loss": loss.item(), "skipped": int(skipped), **metrics}
 
 
-def evaluate(model, tokenizer, task, eval_prompts: int) -> float:
-    """Greedy accuracy on the first eval_prompts held-out prompts."""
-    model.eval()
-    return greedy_accuracy(model, tokenizer, task.eval_prompts[:eval_prompts], task.reward,
-                           max_new_tokens=task.max_new_tokens)
+# ---- the eval: greedy accuracy on held-out prompts ------------------------------------------
+@torch.no_grad()
+def evaluate(model, tokenizer, prompts: list[str]) -> float:
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False)
+    config = GenerationConfig(do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
+                              eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    return sum(reward(p, t) for p, t in zip(prompts, texts)) / len(prompts)
 
 
-def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int = 500, seed: int = 0,
-         log=print) -> list[float]:
-    """Train the demo model; returns the held-out greedy accuracy at round 0 (before any), every
-    eval_every rounds and at the end. Rounds count from 1, as in train.py."""
-    if B > N:
-        raise ValueError(f"B = {B} > N = {N}: the buffer never holds a batch, so nothing would "
-                         "train")
-    if P * G > N:
-        raise ValueError(f"R = {P * G} > N = {N}: the oldest rollouts of each round would "
-                         "leave the buffer before any batch could use them")
-    rng = random.Random(seed)
-    task = tasks.addition_task(2)
-    # Seeded after the demo model: building it (on first use only, then cached) draws random
-    # numbers, so a seed set before it would train differently on a first run and on later ones.
-    base = demo_model.tiny_model(task)
+# ---- the loop -------------------------------------------------------------------------------
+def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int = 500,
+         seed: int = 0, log=print) -> list[float]:
+    """Train the demo model; returns the held-out greedy accuracy before any step, every
+    eval_every rounds and at the end."""
     torch.manual_seed(seed)
-    model, tokenizer = load_policy(base, lora_r=16)                    # the base model + a new LoRA
-    # beta2 0.99 (not 0.999): the second moment follows the gradient's scale within ~100 steps, as
-    # the policy and its rewards move; no weight decay: it would pull the adapter back to the base
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    base = AutoModelForCausalLM.from_pretrained(MODEL)
+    # pi_theta: the base model with LoRA adapters on every linear layer, only those trained
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+    # The model is kept in eval mode throughout, training included: dropout off, so the function
+    # trained is the one that sampled (else rho != 1 even on fresh data). Gradients flow in eval
+    # mode all the same.
+    model.eval()
+    # beta2 0.99: the second moment follows the gradient's scale within ~100 steps as the policy
+    # moves; no weight decay: it would pull the adapter back to the base model
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
-    buffer = ReplayBuffer(N, seed=seed)
-    step, accuracy = 0, [evaluate(model, tokenizer, task, eval_prompts)]
+    buffer, step = ReplayBuffer(N, seed), 0
+    accuracy = [evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts])]
     log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
     for round_ in range(1, rounds + 1):
-        model.eval()        # generate: the behaviour log-probs are recorded while sampling
-        prompts = rng.sample(task.train_prompts, P)
-        rollouts, stats = generate_rollouts(model, tokenizer, prompts, task.reward,
-                                            num_generations=G, max_new_tokens=task.max_new_tokens,
-                                            temperature=TEMPERATURE, policy_version=step)
-        buffer.add(rollouts)                        # FIFO: the oldest rollouts leave first
-        if len(buffer) >= B:
-            # safe for the ratios: load_policy set dropout to 0, so it samples as it trains
-            model.train()
-            metrics = update(model, optimizer, buffer.sample(B), tokenizer.pad_token_id,
-                             temperature=TEMPERATURE, is_cap=IS_CAP)
-            step += 1
-            if step % 10 == 0:
-                log(f"round {round_}: reward {stats['reward']:.2f}, is_ratio_mean "
-                    f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
-                    f"{metrics['is_truncated_frac']:.3f}")
+        prompts = rng.sample(TRAIN_PROMPTS, P)
+        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, policy_version=step)
+        buffer.add(rollouts)                            # FIFO: past N, the oldest leave
+        if len(buffer.items) >= B:                      # K steps, once the buffer holds B
+            for _ in range(K):
+                batch, ages = buffer.sample(B, policy_version=step)
+                metrics = update(model, optimizer, batch, tokenizer.pad_token_id)
+                step += 1                               # the policy's version: steps taken
+        if round_ % 10 == 0 and step:
+            log(f"round {round_}: reward {mean_reward:.2f}, is_ratio_mean "
+                f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
+                f"{metrics['is_truncated_frac']:.3f}, mean age {sum(ages) / len(ages):.1f} steps")
         if round_ % eval_every == 0 or round_ == rounds:
-            accuracy.append(evaluate(model, tokenizer, task, eval_prompts))
+            accuracy.append(evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts]))
             log(f"round {round_}: held-out accuracy {accuracy[-1]:.3f}")
     return accuracy
 
 
 if __name__ == "__main__":
-    for library in ("bitsandbytes", "kernels"):     # notices of optional kernels, not of the method
-        logging.getLogger(library).setLevel(logging.ERROR)
     main()

@@ -9,7 +9,7 @@ Each thread count builds its own models (a cache folder per thread count): float
 between 1 and 2 threads, so the warm start may too (it did for the earlier one-phase warm start; on
 this machine, for the two-phase one, seeds 1 and 2 came out the same at 1 and 2 threads, and their
 RL runs too: the matrix of 2026-11-30 has 8 distinct outcomes in its 12 cells). Warm-start seed 0 is the model shipped in
-demo.safetensors (the same on every machine); other seeds are built on this machine. Cells run one
+demo/ (the same on every machine); other seeds are built on this machine. Cells run one
 at a time, except that --parallel 2 runs two 1-thread cells side by side (one core each). A cell
 whose run folder holds a finished run is read back, not run again. Prints one line per cell (start
 and end accuracy, gain, wall seconds of train.py, warm-start build excluded) and a summary.

@@ -23,12 +23,13 @@ the loss has flattened, so every seed and machine builds much the same model. Ph
 held out; RL from it did not learn), while 1.5e-3 brought seeds 0-5, 1000 and 1001 to 0.001 or less.
 The written-work task's phase 1 stays at 3e-3: there every seed built converges.
 
-The default model of each task (warm-start seed 0) ships with the repository (``demo.safetensors``,
-``demo_columns.safetensors``) so that every machine starts RL from the same weights; ``python
--m infra.demo_model --rebuild [--task columns]`` rebuilds that file with this code (with the machine's threads:
-the shipped addition model was built with one thread, the columns one with two, and float rounding
-may differ). Other seeds and lengths are built on first use. Either way the model is cached as an
-HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/replay-rl``.
+The default model of each task (warm-start seed 0) ships with the repository, so that every
+machine starts RL from the same weights: addition's as the Hugging Face folder ``demo/`` (which
+minimal.py loads with ``from_pretrained``), columns' as ``demo_columns.safetensors``. ``python -m
+infra.demo_model --rebuild [--task columns]`` rebuilds those weights with this code (with the
+machine's threads: the shipped addition model was built with one thread, the columns one with two,
+and float rounding may differ). Other seeds and lengths are built on first use. Either way the
+model is cached as an HF folder (``save_pretrained``) in ``$REPLAY_RL_CACHE`` or ``~/.cache/replay-rl``.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ PAD, EOS = "<pad>", "<eos>"
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The default model of each embedded task (warm-start seed 0), shipped with the repository, and its
 # greedy accuracy on the 500 held-out prompts (tests/test_demo.py checks both).
-SHIPPED = {"addition2": os.path.join(HERE, "demo.safetensors"),
+SHIPPED = {"addition2": os.path.join(os.path.dirname(HERE), "demo", "model.safetensors"),
            "columns": os.path.join(HERE, "demo_columns.safetensors")}
 SHIPPED_ACCURACY = {"addition2": 0.346, "columns": 0.242}
 
@@ -128,7 +129,7 @@ def tiny_model(task: Task, warm_start_steps: int | None = None, log=print, seed:
 
 
 def shipped_weights(task: Task, key: str) -> dict | None:
-    """The weights shipped for the task (demo.safetensors, ...) if they were built for ``key``, else None."""
+    """The weights shipped for the task (demo/model.safetensors, ...) if they were built for ``key``, else None."""
     from safetensors import safe_open
     path = SHIPPED.get(task.name)
     if path is None or not os.path.exists(path):
@@ -219,13 +220,13 @@ def held_out_accuracy(path: str, task: Task, n: int = 500) -> float:
 
 def rebuild_shipped(task: Task, log=print) -> float:
     """Warm-start the task's default model (seed 0) with this code and write it to its shipped file
-    (SHIPPED: demo.safetensors for addition). Returns its held-out greedy accuracy."""
+    (SHIPPED: demo/model.safetensors for addition). Returns its held-out greedy accuracy."""
     from safetensors.torch import save_file
 
     model, _ = warm_start(task, log=log)
     weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}   # tied
     tmp = SHIPPED[task.name] + ".tmp"
-    save_file(weights, tmp, metadata={"spec": spec(task)})
+    save_file(weights, tmp, metadata={"format": "pt", "spec": spec(task)})     # from_pretrained reads it
     os.replace(tmp, SHIPPED[task.name])
     shutil.rmtree(cache_path(task, spec(task)), ignore_errors=True)      # an older build of the same spec
     with_cache = tiny_model(task, log=log)          # loads through the same path as train.py
@@ -237,7 +238,7 @@ if __name__ == "__main__":
 
     import tasks
     parser = argparse.ArgumentParser(prog="python -m infra.demo_model", description="The embedded demo model: build (and cache) one, or "
-                                                 "rebuild a shipped one (demo.safetensors, demo_columns.safetensors).")
+                                                 "rebuild a shipped one (demo/model.safetensors, demo_columns.safetensors).")
     parser.add_argument("--rebuild", action="store_true",
                         help="warm-start the task's default model afresh and overwrite its shipped file")
     parser.add_argument("--task", default="addition", choices=("addition", "addition3", "columns"))

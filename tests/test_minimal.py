@@ -1,159 +1,259 @@
+"""minimal.py, the textbook: it imports nothing of the project, each of its pieces equals the module
+it stands for on the same inputs (log mu, the advantages, collate, log pi_theta, the loss and its
+gradient, the step), and it learns. The plain update_step equals the engineered one."""
+import ast
 import copy
-import dataclasses
+import os
 
 import pytest
 import torch
 
+import buffer
 import minimal
-from replay_rl import load_policy, update_step
+import replay_rl
+import rollout
 from infra.engineered_update import update_step_engineered
-from rollout import generate_rollouts
+from infra.policy import load_policy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_minimal_imports_nothing_of_the_project():
+    tree = ast.parse(open(os.path.join(ROOT, "minimal.py")).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"os", "random", "warnings", "collections", "dataclasses", "torch", "peft",
+                        "transformers"}, imported
+    assert {"torch", "peft", "transformers"} <= imported
 
 
 @pytest.fixture(scope="module")
-def stale_batch(tiny_path, addition):
-    """(model, tokenizer, rollouts): a batch of stale data, behaviour log-probs off, so importance
-    weights differ from 1 and some are cut."""
+def demo():
+    """minimal.py's policy (the shipped demo folder, a LoRA adapter whose B is not zero) and its
+    tokenizer, in eval mode; seeded."""
     torch.manual_seed(0)
-    model, tokenizer = load_policy(tiny_path, lora_r=16)
-    rollouts, _ = generate_rollouts(model, tokenizer, addition.train_prompts[:8], addition.reward,
-                                    num_generations=8, max_new_tokens=addition.max_new_tokens, policy_version=0)
-    g = torch.Generator().manual_seed(1)
-    for r in rollouts[::2]:
-        r.behaviour_logp = r.behaviour_logp - torch.rand(len(r.behaviour_logp), generator=g)
-    assert any(r.advantage != 0 for r in rollouts)
-    return model, tokenizer, rollouts
+    model, tokenizer = load_policy(minimal.MODEL, lora_r=8)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    return model.eval(), tokenizer
 
 
-def both_steps(model, tokenizer, rollouts, max_grad_norm):
-    """One SGD step of minimal.update and one of engineered_update.update_step_engineered (what train.py calls, with
-    train.py's defaults) from the same weights on the same batch: (metrics of each, the largest
-    difference of the trained weights after the two steps, the largest move of one step)."""
-    ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
-    sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
-    mine = minimal.update(ours, sgd(ours), rollouts, tokenizer.pad_token_id, temperature=1.0, is_cap=2.0,
-                          max_grad_norm=max_grad_norm)
-    real = update_step_engineered(theirs, sgd(theirs), rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
-                                  max_grad_norm=max_grad_norm)
-    trained = [(a, b, c) for a, b, c in zip(ours.parameters(), theirs.parameters(), model.parameters())
-               if a.requires_grad]
-    return (mine, real, max((a - b).abs().max().item() for a, b, _ in trained),
-            max((a - c).abs().max().item() for a, _, c in trained))
+@pytest.fixture(scope="module")
+def sampled(demo):
+    """minimal.generate_rollouts' rollouts of 6 prompts (G = 8), converted to buffer.Rollout."""
+    model, tokenizer = demo
+    torch.manual_seed(1)
+    mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], 0)
+    theirs = [buffer.Rollout(prompt_ids=r.prompt_ids, completion_ids=r.completion_ids,
+                             behaviour_logp=r.behaviour_logp, reward=r.reward,
+                             advantage=r.advantage, policy_version=0, baseline=0.0,
+                             temperature=minimal.T) for r in mine]
+    return mine, theirs
 
 
-def test_minimal_update_is_train_pys_update(stale_batch):
-    """The same loss and the same gradient, its scale included. SGD's step is -lr * gradient: below
-    the clip, equal weights after it mean equal gradients. (At the clip of 1.0 this batch's norm is
-    over it, both gradients are rescaled to norm 1, and only their direction would be compared.)"""
-    mine, real, diff, moved = both_steps(*stale_batch, max_grad_norm=1e3)
-    assert 1.0 < real["grad_norm"] < 1e3                    # over the default clip, under this one
-    assert mine["loss"] == pytest.approx(real["loss"], rel=1e-5, abs=1e-7)
-    assert mine["is_truncated_frac"] == pytest.approx(real["is_truncated_frac"]) and mine["is_truncated_frac"] > 0
-    assert diff < 1e-6 and moved > 1e-3                     # the same step, and a step at all
-    mine, real, diff, moved = both_steps(*stale_batch, max_grad_norm=1.0)     # train.py's default: clipped
+def test_log_mu_by_the_second_forward_is_log_pi_theta_of_the_module(demo, sampled):
+    """minimal's log mu (a no-grad forward after generate) equals replay_rl.completion_logp on
+    buffer.collate of the same rollouts: rho = 1 on fresh data, the completions' EOS included."""
+    model, tokenizer = demo
+    mine, theirs = sampled
+    assert len({len(r.completion_ids) for r in mine}) > 1           # unequal lengths: padding
+    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = replay_rl.completion_logp(model, cols, minimal.T)
+    mask = cols["completion_mask"].bool()
+    assert (logp[mask] - cols["behaviour_logp"][mask]).abs().max() < 1e-5
+    ends = [r.completion_ids[-1].item() for r in mine]
+    assert tokenizer.eos_token_id in ends
+
+
+def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
+    """rollout.generate_rollouts records log mu while generate samples; minimal's second forward
+    over those samples gives the same log-probs."""
+    model, tokenizer = demo
+    torch.manual_seed(2)
+    recorded, _ = rollout.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:4],
+                                            addition.reward, num_generations=4,
+                                            max_new_tokens=minimal.MAX_NEW_TOKENS,
+                                            policy_version=0)
+    batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
+                                             r.reward, r.advantage, 0) for r in recorded],
+                            tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp = minimal.completion_logp(model, batch)
+    mask = batch["completion_mask"].bool()
+    assert (logp[mask] - batch["behaviour_logp"][mask]).abs().max() < 1e-5
+
+
+def test_group_advantages_equal_the_modules_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    mine = minimal.group_advantages(rewards)
+    assert torch.equal(mine, rollout.group_advantages(rewards))
+    # by hand: mean 0.5, sample std sqrt(1/3); an all-equal group gets exactly 0
+    assert mine[0, 0].item() == pytest.approx(0.5 / (3 ** -0.5 + 1e-4), rel=1e-6)
+    assert mine[1].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert mine[2, 3].item() == pytest.approx(0.75 / (0.5 + 1e-4), rel=1e-6)
+
+
+def test_collate_equals_the_modules(demo, sampled):
+    _, tokenizer = demo
+    mine, theirs = sampled
+    a, b = minimal.collate(mine, tokenizer.pad_token_id), buffer.collate(theirs, tokenizer.pad_token_id)
+    for key in ("input_ids", "attention_mask", "position_ids", "completion_mask",
+                "behaviour_logp", "advantage"):
+        assert torch.equal(a[key], b[key].to(a[key].dtype)), key
+
+
+def stale(logp: torch.Tensor, seed: int) -> torch.Tensor:
+    """log mu moved off log pi on every other row, so that weights differ from 1 and some are cut."""
+    g = torch.Generator().manual_seed(seed)
+    shift = torch.rand(logp.shape, generator=g) * 1.5 - 0.5
+    shift[1::2] = 0
+    return logp.detach() - shift
+
+
+def test_the_loss_and_its_gradient_equal_the_modules(demo, sampled):
+    """minimal.policy_loss and replay_rl.policy_loss (tis, C = 2, token_mean) on the same stale
+    batch: the same value, the same gradient with respect to log pi_theta, weights cut at C."""
+    model, tokenizer = demo
+    _, theirs = sampled
+    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = replay_rl.completion_logp(model, cols, minimal.T)
+    mu = stale(logp, 0)
+    a_in, b_in = logp.clone().requires_grad_(), logp.clone().requires_grad_()
+    a, metrics = minimal.policy_loss(a_in, mu, cols["advantage"], cols["completion_mask"])
+    b, theirs_metrics = replay_rl.policy_loss(b_in, mu, cols["advantage"], cols["completion_mask"],
+                                              is_cap=minimal.C)
+    a.backward()
+    b.backward()
+    assert a.item() == pytest.approx(b.item(), rel=1e-6)
+    assert torch.allclose(a_in.grad, b_in.grad, rtol=1e-6, atol=1e-9) and a_in.grad.abs().max() > 0
+    assert metrics["is_truncated_frac"] == pytest.approx(theirs_metrics["is_truncated_frac"].item())
+    assert metrics["is_truncated_frac"] > 0
+
+
+def test_the_loss_by_hand():
+    """Two tokens of one rollout, A = 2: rho = 3 cut to C = 2, rho = 0.5 kept;
+    L = -(2 * 2 * log pi_1 + 0.5 * 2 * log pi_2) / 2, and the padding cell (NaN) counts not."""
+    logp = torch.tensor([[-0.5, -1.0, float("nan")]], requires_grad=True)
+    mu = torch.tensor([[-0.5 - torch.log(torch.tensor(3.0)).item(), -1.0 + 0.6931471805599453, 0]])
+    loss, m = minimal.policy_loss(logp, mu, torch.tensor([2.0]), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert loss.item() == pytest.approx(-(4 * -0.5 + 1 * -1.0) / 2, rel=1e-6)
+    loss.backward()
+    assert logp.grad[0, :2].tolist() == pytest.approx([-2.0, -0.5], rel=1e-6)
+    assert logp.grad[0, 2].item() == 0.0
+    assert m["is_truncated_frac"] == 0.5
+
+
+def both_steps(model, tokenizer, mine, theirs, max_grad_norm, step=None):
+    """One SGD step of minimal.update and one of replay_rl.update_step (what train.py runs) from
+    the same weights on the same batch: (each one's metrics, the largest difference of the trained
+    weights after the two steps, the largest move of one step)."""
+    ours, other = copy.deepcopy(model), copy.deepcopy(model)
+    sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
+    a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id) if max_grad_norm == 1.0 \
+        else None
+    b = (step or replay_rl.update_step)(other, sgd(other), theirs, pad_id=tokenizer.pad_token_id,
+                                        policy_version=0, max_grad_norm=max_grad_norm,
+                                        temperature=minimal.T, is_cap=minimal.C)
+    trained = [(x, y, z) for x, y, z in zip(ours.parameters(), other.parameters(),
+                                            model.parameters()) if x.requires_grad]
+    return (a, b, max((x - y).abs().max().item() for x, y, _ in trained),
+            max((x - z).abs().max().item() for x, _, z in trained))
+
+
+@pytest.fixture(scope="module")
+def stale_batches(demo, sampled):
+    """The sampled rollouts with log mu moved off (every other rollout), as both records."""
+    mine, theirs = copy.deepcopy(sampled)
+    g = torch.Generator().manual_seed(3)
+    for i in range(0, len(mine), 2):
+        shift = torch.rand(len(mine[i].behaviour_logp), generator=g)
+        mine[i].behaviour_logp = mine[i].behaviour_logp - shift
+        theirs[i].behaviour_logp = theirs[i].behaviour_logp - shift
+    assert any(r.advantage != 0 for r in mine)
+    return mine, theirs
+
+
+def test_minimal_update_is_the_modules_update_step(demo, stale_batches):
+    """The same loss and the same step (at the clip of 1, as both use): equal weights after one
+    SGD step mean equal clipped gradients."""
+    model, tokenizer = demo
+    a, b, diff, moved = both_steps(model, tokenizer, *stale_batches, max_grad_norm=1.0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+    assert a["is_truncated_frac"] == pytest.approx(b["is_truncated_frac"])
     assert diff < 1e-6 and moved > 1e-4
 
 
-def test_the_comparison_sees_a_gradient_off_by_a_constant_factor(stale_batch, monkeypatch):
-    """An 8x gradient with the same loss value (the old comparison, under the clip, passed it)."""
-    policy_loss = minimal.policy_loss
+def test_the_comparison_sees_a_gradient_off_by_a_constant_factor(demo, stale_batches, monkeypatch):
+    """A 0.5x gradient with the same loss value, below the clip: the weights after the step differ."""
+    model, tokenizer = demo
+    real = minimal.policy_loss
 
-    def eightfold(*args, **kwargs):
-        loss, metrics = policy_loss(*args, **kwargs)
-        return loss + 7 * (loss - loss.detach()), metrics          # the same value, 8x the gradient
-
-    monkeypatch.setattr(minimal, "policy_loss", eightfold)
-    mine, real, diff, moved = both_steps(*stale_batch, max_grad_norm=1e3)
-    assert mine["loss"] == pytest.approx(real["loss"], rel=1e-5)
-    assert diff > 1e-3
-
-
-def test_minimal_starts_alike_from_a_cold_cache_and_a_warm_one(tmp_path, monkeypatch):
-    """Building the demo model on first use draws random numbers (a new model's initialization,
-    before the shipped weights go in). minimal.main seeded before it: a run from an empty cache got
-    other LoRA weights than the next one."""
-    class Loaded(Exception):
-        pass
-    adapters = []
-
-    def load(path, **kwargs):
-        model, _ = load_policy(path, **kwargs)
-        adapters.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
-        raise Loaded
-    monkeypatch.setattr(minimal, "load_policy", load)
-    for cache in ("a", "b", "a"):                       # cold, cold, warm
-        monkeypatch.setenv("REPLAY_RL_CACHE", str(tmp_path / cache))
-        with pytest.raises(Loaded):
-            minimal.main()
-    assert all(torch.equal(adapters[0][n], other[n]) for other in adapters[1:] for n in adapters[0])
+    def halved(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss - 0.5 * (loss - loss.detach()), metrics       # the same value, 0.5x gradient
+    monkeypatch.setattr(minimal, "policy_loss", halved)
+    a, b, diff, _ = both_steps(model, tokenizer, *stale_batches, max_grad_norm=1.0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert diff > 1e-5
 
 
-def test_minimal_learns(tiny_path):
-    accuracy = minimal.main(rounds=15, eval_every=15, eval_prompts=200, log=lambda *a: None)
+def test_the_fifo_buffer_evicts_the_oldest_and_counts_uses():
+    buf = minimal.ReplayBuffer(3, seed=0)
+    made = [minimal.Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.1]), 1.0, 0.5, v)
+            for v in range(5)]
+    buf.add(made[:2])
+    buf.add(made[2:])
+    assert [r.policy_version for r in buf.items] == [2, 3, 4]         # 0 and 1 left first
+    batch, ages = buf.sample(3, policy_version=6)
+    assert sorted(r.policy_version for r in batch) == [2, 3, 4]       # distinct within a batch
+    assert sorted(ages) == [2, 3, 4] and all(r.uses == 1 for r in buf.items)
+    buf.sample(2, policy_version=6)
+    assert sum(r.uses for r in buf.items) == 5                        # they stay: drawn again
+
+
+def test_minimal_learns():
+    """The demo model from 0.346 on the held-out sums to at least 0.85 in 20 rounds."""
+    accuracy = minimal.main(rounds=20, eval_every=20, eval_prompts=200, log=lambda *a: None)
     print(f"minimal.py: {accuracy[0]:.3f} -> {accuracy[-1]:.3f}")
-    assert accuracy[-1] - accuracy[0] >= 0.3, accuracy     # measured +0.605 to +0.64 (seeds 0-2, one thread)
-
-
-def test_a_batch_larger_than_the_buffer_is_refused_before_any_model(monkeypatch):
-    """With B > N the buffer never holds a batch: minimal.py would generate forever and never train."""
-    monkeypatch.setattr(minimal, "B", minimal.N + 1)
-    monkeypatch.setattr(minimal, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(ValueError, match=f"B = {minimal.N + 1} > N = {minimal.N}: the buffer never holds a batch"):
-        minimal.main(rounds=1)
-
-
-def test_a_round_larger_than_the_buffer_is_refused_before_any_model(monkeypatch):
-    """With R > N part of each round is evicted before it is ever sampled: generated for nothing."""
-    monkeypatch.setattr(minimal, "N", minimal.P * minimal.G - 1)
-    monkeypatch.setattr(minimal, "B", minimal.N)
-    monkeypatch.setattr(minimal, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(ValueError, match=f"R = {minimal.P * minimal.G} > N = {minimal.N}: the oldest"):
-        minimal.main(rounds=1)
+    assert accuracy[0] < 0.45 and accuracy[-1] >= 0.85, accuracy
 
 
 @pytest.mark.parametrize("loss_type, normalization, beta", [("tis", "token_mean", 0.0),
                                                              ("ppo", "sequence_mean", 0.0),
                                                              ("tis", "token_mean", 0.5)])
-def test_the_plain_update_is_the_engineered_one_in_micro_batches(stale_batch, loss_type, normalization, beta):
-    """replay_rl.update_step (one forward, the form a reader reads) and update_step_engineered in
-    micro-batches of 5 (the loss scaled by each one's share of the tokens, or of the sequences)
-    take the same step, with the same figures: ppo's clipped count, the KL term with beta > 0."""
-    model, tokenizer, rollouts = stale_batch
-    sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+def test_the_plain_update_is_the_engineered_one_in_micro_batches(demo, stale_batches, loss_type,
+                                                                  normalization, beta):
+    """replay_rl.update_step (one forward, the form a reader reads, what train.py runs) and
+    update_step_engineered in micro-batches of 5 (the loss scaled by each one's share of the
+    tokens, or of the sequences) take the same step, with the same figures: ppo's clipped count,
+    the KL term with beta > 0."""
+    model, tokenizer = demo
+    rollouts = stale_batches[1]
+    sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
     warm = dict(loss_type=loss_type, normalization=normalization, beta=beta, max_grad_norm=1e3)
+    model = copy.deepcopy(model)
     if beta:            # one step first moves the adapter off the base, so that the KL term is not 0
-        model = copy.deepcopy(model)
-        update_step(model, sgd(model), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, **warm)
+        replay_rl.update_step(model, sgd(model), rollouts, pad_id=tokenizer.pad_token_id,
+                              policy_version=3, **warm)
     plain, engineered = copy.deepcopy(model), copy.deepcopy(model)
-    a = update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id, policy_version=3, **warm)
+    a = replay_rl.update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id,
+                              policy_version=3, **warm)
     b = update_step_engineered(engineered, sgd(engineered), rollouts, pad_id=tokenizer.pad_token_id,
                                policy_version=3, micro_batch_size=5, **warm)
     names = ["loss", "is_ratio_mean", "is_ratio_max", "is_truncated_frac", "approx_kl", "grad_norm"]
     for name in names + (["ref_kl"] if beta else []):
         assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name
-    assert a["age_mean"] == b["age_mean"] == 3 and a["is_truncated_frac"] > 0
+    assert a["age_mean"] == b["age_mean"] == 3
     assert not beta or a["ref_kl"] > 1e-6
-    trained = [(p, q, r) for p, q, r in zip(plain.parameters(), engineered.parameters(), model.parameters())
-               if p.requires_grad]
+    trained = [(p, q, r) for p, q, r in zip(plain.parameters(), engineered.parameters(),
+                                            model.parameters()) if p.requires_grad]
     moved = max((p - r).abs().max().item() for p, _, r in trained)
     assert moved > 1e-3                                                        # a step at all
-    # the same step up to float32 rounding (with beta the step is large: relative to it)
-    assert max((p - q).abs().max().item() for p, q, _ in trained) < 1e-6 * max(1.0, moved)
-
-
-def test_the_loss_takes_log_pi_at_the_temperature_generation_sampled_at(stale_batch, monkeypatch):
-    """mu was recorded at TEMPERATURE: main passes it to the update, whose log pi_theta is taken at
-    it, or rho != 1 on fresh rollouts; update reads no global of its own."""
-    model, tokenizer, rollouts = stale_batch
-    seen = []
-    real = minimal.completion_logp
-    monkeypatch.setattr(minimal, "completion_logp", lambda m, cols, *a: seen.append(a) or real(m, cols, *a))
-    monkeypatch.setattr(minimal, "TEMPERATURE", 5.0)        # not read by update: its argument is
-    at_07 = [dataclasses.replace(rollout, temperature=0.7) for rollout in rollouts]
-    frozen = lambda: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
-    minimal.update(copy.deepcopy(model), frozen(), at_07, tokenizer.pad_token_id, temperature=0.7, is_cap=2.0)
-    assert seen == [(0.7,)]
-    # rollouts sampled at another temperature (generation's changed, the loss's not): one line
-    with pytest.raises(ValueError, match="sampled at temperature 1 but log pi_theta is taken at 0.7"):
-        minimal.update(copy.deepcopy(model), frozen(), rollouts, tokenizer.pad_token_id, temperature=0.7,
-                       is_cap=2.0)
+    # the same step up to float32 rounding of sums over many tokens (a wrong normalization of a
+    # micro-batch would be off by a share of the step itself)
+    assert max((p - q).abs().max().item() for p, q, _ in trained) < 5e-6 * max(1.0, moved)
