@@ -1,7 +1,12 @@
-"""Batched rollouts with Hugging Face ``generate``: behaviour log-probs, rewards, group advantages.
+"""Rollouts with Hugging Face ``generate``: G samples per prompt, their behaviour log-probs
+log mu(o_t) recorded while sampling, rewards and group-normalized advantages.
 
-Needs a causal LM, its tokenizer and a reward function ``reward_fn(prompt, completion) -> float``;
-nothing else of this project but the ``Rollout`` record.
+Read in this order: group_advantages, generate_rollouts, sample_completions and its recorder
+BehaviourLogProbs (log mu with no second forward). Below them, marked, the guards (what would
+make generate sample from another distribution than the recorded one), then the engineering that
+gives the same samples faster (each prompt prefilled once) and the greedy evals. Needs a causal LM,
+its tokenizer and a reward function ``reward_fn(prompt, completion) -> float``; of this project
+buffer.Rollout and replay_rl.refuse_active_dropout.
 """
 from __future__ import annotations
 
@@ -15,135 +20,10 @@ from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, Logit
                           MinLengthLogitsProcessor, TemperatureLogitsWarper)
 
 from buffer import Rollout
+from replay_rl import refuse_active_dropout
 
 
-# generate's settings that change the distribution a token is drawn from, at the values that leave
-# it softmax(z_t / T), the one the stored log mu is taken from. sample_completions passes them
-# all: generate fills each field its caller leaves unset from the model's own generation_config
-# (Qwen-Instruct ships repetition_penalty, top_k, top_p), then from its defaults (top_k 50).
-# min_length is not among them: given min_new_tokens, generate replaces it (prompt length +
-# min_new_tokens) and warns at every call if both are passed; sampling_changes still checks it.
-PLAIN_SAMPLING = dict(do_sample=True, num_beams=1, top_k=0, top_p=1.0, typical_p=1.0,
-                      epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
-                      encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
-                      encoder_no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0)
-# settings that act whenever they are set (None: off), so a model's own is refused, not overridden
-SET_TO_ACT = ("min_p", "top_h", "bad_words_ids", "sequence_bias", "suppress_tokens",
-              "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-              "exponential_decay_length_penalty", "watermarking_config", "prompt_lookup_num_tokens")
-
-
-def sampling_changes(model, generation_config: GenerationConfig) -> dict:
-    """{setting: value} of what would make ``generate(generation_config=...)`` sample from another
-    distribution than softmax(z_t / T): as generate reads them, from generation_config, else the
-    model's generation_config, else generate's defaults (do_sample False, top_k 50)."""
-    def used(name):
-        value = getattr(generation_config, name, None)
-        return getattr(model.generation_config, name, None) if value is None else value
-    found = {name: used(name) for name in (*PLAIN_SAMPLING, *SET_TO_ACT)}
-    found["do_sample"] = found["do_sample"] or False
-    found["top_k"] = 50 if found["top_k"] is None else found["top_k"]
-    if found["min_new_tokens"] is None:     # else min_new_tokens replaces min_length
-        found["min_length"] = used("min_length") or None
-    return {name: value for name, value in found.items()
-            if value is not None and value != PLAIN_SAMPLING.get(name)}
-
-
-class BehaviourLogProbs(LogitsProcessor):
-    """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
-
-    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits that drew o_t and T the
-    temperature: the same distribution the loss evaluates. So nothing else may change the
-    distribution: made with the generation_config that ``generate`` will be given, the recorder
-    refuses in one line whatever would (``sampling_changes``: top_k unset or not 0, top_p < 1, a
-    repetition penalty, ...), there or in the model's own. A sampling keyword given to
-    ``generate`` itself (``temperature=0.5``, ``top_k=5``) overrides that config unseen here; at
-    its first call the recorder reads the processors generate built (``check_neighbours``) and
-    refuses a temperature other than its own T, or any other that changes the distribution.
-    ``generate`` calls this processor once per new token t, with the scores z_t [batch, vocab]
-    (before the temperature) and with input_ids that end with o_{t-1}, the token sampled at the
-    call before, since o_t is drawn only after the processors ran. So call t gathers log mu(o_{t-1})
-    from the log-softmax kept at call t - 1, then keeps its own; ``finish`` gathers the last one.
-    Memory stays O(batch * vocab), not O(batch * max_len * vocab).
-    One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
-    beam search reorders the rows between calls, which the gather here does not follow.
-    Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
-    wait on the device; ``finish`` drops that step.
-    """
-
-    def __init__(self, model, generation_config: GenerationConfig):
-        changes = sampling_changes(model, generation_config)
-        if changes:
-            why = (f"top_p {changes['top_p']} < 1: the stored log mu would ignore the nucleus"
-                   if "top_p" in changes else "generate would not sample from softmax(z_t / T), "
-                   "the distribution recorded as log mu")
-            raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
-                             "rollout.PLAIN_SAMPLING's values, unset the others")
-        self.temperature = (generation_config.temperature or model.generation_config.temperature
-                            or 1.0)                 # as generate reads it
-        self.prev_logp: torch.Tensor | None = None
-        self.token_logp: list[torch.Tensor] = []   # each [batch]
-        # each [batch], entropy of mu (not pi_theta) there
-        self.mu_entropy: list[torch.Tensor] = []
-        self.finished = False
-
-    def _gather_prev(self, tokens: torch.Tensor) -> None:
-        if self.prev_logp is not None:
-            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.finished:
-            raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
-                               "generate call")
-        if not self.token_logp and self.prev_logp is None:      # the first call
-            # the list that calls us: generate's LogitsProcessorList (its __call__'s self)
-            self.check_neighbours(sys._getframe(1).f_locals.get("self"), input_ids.shape[1])
-        self._gather_prev(input_ids[:, -1])
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
-        self.prev_logp = logp
-        return scores
-
-    def check_neighbours(self, processors, length: int) -> None:
-        """Refuses, in one line, the processors generate runs beside this one that would sample
-        from another distribution than the recorded softmax(z_t / T): a temperature warper of
-        another T (or none, with T != 1), and any other but a minimum length already reached.
-        processors: the calling LogitsProcessorList (anything else, e.g. a direct call: no check);
-        length: the tokens of input_ids now."""
-        if not isinstance(processors, LogitsProcessorList):
-            return
-        temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
-        others = [type(p).__name__ for p in processors if p is not self
-                  and not isinstance(p, TemperatureLogitsWarper)
-                  and not (isinstance(p, MinLengthLogitsProcessor) and p.min_length <= length)]
-        if others or temperatures != ([self.temperature] if self.temperature != 1.0 else []):
-            raise ValueError(f"generate samples with temperature {temperatures or [1.0]} and "
-                             f"{others or 'nothing else'}, but log mu is recorded at T = "
-                             f"{self.temperature:g} alone: put every sampling setting in the "
-                             "generation_config this recorder is given, not in generate's keywords")
-
-    def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, max_len], for ``completions``
-        [batch, max_len] (max_len: the tokens generate ran for, the longest
-        completion)."""
-        max_len = completions.shape[1]
-        if len(self.token_logp) < max_len:
-            self._gather_prev(completions[:, -1])
-        self.finished = True
-        return (torch.stack(self.token_logp[:max_len], 1),
-                torch.stack(self.mu_entropy[:max_len], 1))
-
-
-def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
-    """(ids that end a completion, pad id): the tokenizer's EOS plus the model's eos_token_id list
-    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
-    model_eos = getattr(model.generation_config, "eos_token_id", None)
-    model_eos = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
-    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    return eos_ids, pad_id
-
-
+# ---- the method: advantages, rollouts, log mu recorded while sampling --------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]
 
@@ -205,42 +85,6 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
-def dropout_rates(model):
-    """Every dropout rate the model applies in training mode, as (module name, module, attribute,
-    rate): a torch.nn.Dropout's p, and the float attributes that layers pass to F.dropout
-    themselves (attention_dropout in Llama/Qwen; OPT's dropout; Falcon's hidden_dropout;
-    layerdrop, which skips whole layers). replay_rl.load_policy sets each to 0."""
-    for name, module in model.named_modules():
-        for attr, value in list(vars(module).items()):
-            if isinstance(value, float) and (
-                    (attr == "p" and isinstance(module, torch.nn.Dropout))
-                    or any(word in attr.lower() for word in ("dropout", "pdrop", "layerdrop"))):
-                yield name, module, attr, value
-
-
-def refuse_active_dropout(model) -> None:
-    """Refuses a model with a module in training mode whose dropout is on (any rate of
-    dropout_rates above 0): it would sample through dropout, and its tokens' log mu would be of
-    another distribution than the one the loss trains (or, greedy, score another model)."""
-    for name, module, attr, p in dropout_rates(model):
-        if module.training and p > 0:
-            raise ValueError(f"the model is in training mode with active dropout ({name}.{attr}: "
-                             f"{p:g}): it would sample through it; call model.eval() before "
-                             "sampling")
-
-
-def check_bos(tokenizer, prompts: list[str]) -> None:
-    """Warns (once per place it is called from) when the tokenizer adds a BOS token to text and a
-    prompt does not begin with it: prompts are tokenized as written (add_special_tokens=False)."""
-    bos = tokenizer.bos_token
-    if bos is None or tokenizer("").input_ids[:1] != [tokenizer.bos_token_id]:
-        return
-    if any(not prompt.startswith(bos) for prompt in prompts):
-        warnings.warn(f"a prompt does not begin with {bos!r}, which this tokenizer adds to text: "
-                      "prompts are tokenized as written, so the model reads it without; begin "
-                      "each with tokenizer.bos_token or use the chat template", stacklevel=3)
-
-
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
                        temperature: float, top_p: float, fast=None, shared_prefill: bool = True):
@@ -283,6 +127,98 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     return prompt_ids, completions.cpu(), token_logp.cpu(), token_entropy.cpu(), eos_ids
 
 
+class BehaviourLogProbs(LogitsProcessor):
+    """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
+
+    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits that drew o_t and T the
+    temperature: the same distribution the loss evaluates. So nothing else may change the
+    distribution: made with the generation_config that ``generate`` will be given, the recorder
+    refuses in one line whatever would (``sampling_changes``: top_k unset or not 0, top_p < 1, a
+    repetition penalty, ...), there or in the model's own. A sampling keyword given to
+    ``generate`` itself (``temperature=0.5``, ``top_k=5``) overrides that config unseen here; at
+    its first call the recorder reads the processors generate built (``check_neighbours``) and
+    refuses a temperature other than its own T, or any other that changes the distribution.
+    ``generate`` calls this processor once per new token t, with the scores z_t [batch, vocab]
+    (before the temperature) and with input_ids that end with o_{t-1}, the token sampled at the
+    call before, since o_t is drawn only after the processors ran. So call t gathers log mu(o_{t-1})
+    from the log-softmax kept at call t - 1, then keeps its own; ``finish`` gathers the last one.
+    Memory stays O(batch * vocab), not O(batch * max_len * vocab).
+    One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
+    beam search reorders the rows between calls, which the gather here does not follow, so
+    ``finish`` refuses completions whose tokens are not the ones gathered call by call.
+    Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
+    wait on the device; ``finish`` drops that step.
+    """
+
+    def __init__(self, model, generation_config: GenerationConfig):
+        changes = sampling_changes(model, generation_config)
+        if changes:
+            why = (f"top_p {changes['top_p']} < 1: the stored log mu would ignore the nucleus"
+                   if "top_p" in changes else "generate would not sample from softmax(z_t / T), "
+                   "the distribution recorded as log mu")
+            raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
+                             "rollout.PLAIN_SAMPLING's values, unset the others")
+        self.temperature = (generation_config.temperature or model.generation_config.temperature
+                            or 1.0)                 # as generate reads it
+        self.prev_logp: torch.Tensor | None = None
+        self.token_logp: list[torch.Tensor] = []   # each [batch]
+        self.tokens: list[torch.Tensor] = []       # each [batch]: the token each log mu is of
+        # each [batch], entropy of mu (not pi_theta) there
+        self.mu_entropy: list[torch.Tensor] = []
+        self.finished = False
+
+    def _gather_prev(self, tokens: torch.Tensor) -> None:
+        if self.prev_logp is not None:
+            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
+            self.tokens.append(tokens)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.finished:
+            raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
+                               "generate call")
+        if not self.token_logp and self.prev_logp is None:      # the first call
+            # the list that calls us: generate's LogitsProcessorList (its __call__'s self)
+            self.check_neighbours(sys._getframe(1).f_locals.get("self"), input_ids.shape[1])
+        self._gather_prev(input_ids[:, -1])
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
+        self.prev_logp = logp
+        return scores
+
+    def check_neighbours(self, processors, length: int) -> None:
+        """Refuses, in one line, the processors generate runs beside this one that would sample
+        from another distribution than the recorded softmax(z_t / T): a temperature warper of
+        another T (or none, with T != 1), and any other but a minimum length already reached.
+        processors: the calling LogitsProcessorList (anything else, e.g. a direct call: no check);
+        length: the tokens of input_ids now."""
+        if not isinstance(processors, LogitsProcessorList):
+            return
+        temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
+        others = [type(p).__name__ for p in processors if p is not self
+                  and not isinstance(p, TemperatureLogitsWarper)
+                  and not (isinstance(p, MinLengthLogitsProcessor) and p.min_length <= length)]
+        if others or temperatures != ([self.temperature] if self.temperature != 1.0 else []):
+            raise ValueError(f"generate samples with temperature {temperatures or [1.0]} and "
+                             f"{others or 'nothing else'}, but log mu is recorded at T = "
+                             f"{self.temperature:g} alone: put every sampling setting in the "
+                             "generation_config this recorder is given, not in generate's keywords")
+
+    def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token_logp, entropy), each [batch, max_len], for ``completions`` [batch, max_len]
+        (max_len: the tokens generate ran for, the longest completion). Refuses completions whose
+        tokens are not those gathered call by call (beam search reorders rows between calls)."""
+        max_len = completions.shape[1]
+        if len(self.token_logp) < max_len:
+            self._gather_prev(completions[:, -1])
+        self.finished = True
+        if not torch.equal(torch.stack(self.tokens[:max_len], 1), completions):
+            raise ValueError("the completions are not the tokens whose log mu was recorded: "
+                             "generate reordered its rows (beam search, num_beams > 1?); "
+                             "BehaviourLogProbs records sampling only (num_beams=1)")
+        return (torch.stack(self.token_logp[:max_len], 1),
+                torch.stack(self.mu_entropy[:max_len], 1))
+
+
 def completion_lengths(completions: torch.Tensor,
                        eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
@@ -297,54 +233,62 @@ def completion_lengths(completions: torch.Tensor,
     return torch.clamp(first_eos + 1, max=max_len), ended
 
 
-def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
-                    prompts_per_call: int = 256) -> float:
-    """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
-    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
-                          max_new_tokens=max_new_tokens,
-                          prompts_per_call=prompts_per_call)["reward"]
+def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
+    """(ids that end a completion, pad id): the tokenizer's EOS plus the model's eos_token_id list
+    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
+    model_eos = getattr(model.generation_config, "eos_token_id", None)
+    model_eos = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
+    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return eos_ids, pad_id
 
 
-@torch.inference_mode()
-def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
-                   prompts_per_call: int = 256, progress=None, shared_prefill: bool = True,
-                   drop_ended: bool = True) -> dict[str, float]:
-    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
-    progress: e.g. a tqdm bar, advanced by the prompts of each batch done. Engineering, the same
-    completions: shared_prefill, the tokens every prompt of a batch starts with (a system prompt)
-    run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
-    (``greedy_completions``)."""
-    refuse_active_dropout(model)            # greedy through dropout scores another model
-    device = next(model.parameters()).device
-    check_bos(tokenizer, prompts)
-    eos_ids, pad_id = end_token_ids(model, tokenizer)
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                                  eos_token_id=eos_ids, pad_token_id=pad_id)
-    totals = dict.fromkeys(reward_fns, 0.0)
-    for start in range(0, len(prompts), prompts_per_call):
-        chunk = prompts[start:start + prompts_per_call]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=False)
-        inputs, cache = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, {}
-        if shared_prefill:
-            ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
-            inputs["input_ids"], inputs["attention_mask"], cache = prefill_once(model, ids,
-                                                                                 pad_id, 1)
-        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
-        if drop_ended:
-            new = greedy_completions(model, inputs, cache, gen_config)
-        else:
-            new = model.generate(**inputs, generation_config=gen_config,
-                                 **cache)[:, inputs["input_ids"].shape[1]:].tolist()
-        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-        for name, fn in reward_fns.items():
-            totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
-        if progress is not None:
-            progress.update(len(chunk))
-    return {name: total / len(prompts) for name, total in totals.items()}
+# ---- the guards: sampling from softmax(z_t / T) alone, as recorded ------------------------------
+# generate's settings that change the distribution a token is drawn from, at the values that leave
+# it softmax(z_t / T), the one the stored log mu is taken from. sample_completions passes them
+# all: generate fills each field its caller leaves unset from the model's own generation_config
+# (Qwen-Instruct ships repetition_penalty, top_k, top_p), then from its defaults (top_k 50).
+# min_length is not among them: given min_new_tokens, generate replaces it (prompt length +
+# min_new_tokens) and warns at every call if both are passed; sampling_changes still checks it.
+PLAIN_SAMPLING = dict(do_sample=True, num_beams=1, top_k=0, top_p=1.0, typical_p=1.0,
+                      epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+                      encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+                      encoder_no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0)
+# settings that act whenever they are set (None: off), so a model's own is refused, not overridden
+SET_TO_ACT = ("min_p", "top_h", "bad_words_ids", "sequence_bias", "suppress_tokens",
+              "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+              "exponential_decay_length_penalty", "watermarking_config", "prompt_lookup_num_tokens")
 
 
-# ---- engineering: each prompt prefilled once, a reply out of the batch once it ended --------
+def sampling_changes(model, generation_config: GenerationConfig) -> dict:
+    """{setting: value} of what would make ``generate(generation_config=...)`` sample from another
+    distribution than softmax(z_t / T): as generate reads them, from generation_config, else the
+    model's generation_config, else generate's defaults (do_sample False, top_k 50)."""
+    def used(name):
+        value = getattr(generation_config, name, None)
+        return getattr(model.generation_config, name, None) if value is None else value
+    found = {name: used(name) for name in (*PLAIN_SAMPLING, *SET_TO_ACT)}
+    found["do_sample"] = found["do_sample"] or False
+    found["top_k"] = 50 if found["top_k"] is None else found["top_k"]
+    if found["min_new_tokens"] is None:     # else min_new_tokens replaces min_length
+        found["min_length"] = used("min_length") or None
+    return {name: value for name, value in found.items()
+            if value is not None and value != PLAIN_SAMPLING.get(name)}
+
+
+def check_bos(tokenizer, prompts: list[str]) -> None:
+    """Warns (once per place it is called from) when the tokenizer adds a BOS token to text and a
+    prompt does not begin with it: prompts are tokenized as written (add_special_tokens=False)."""
+    bos = tokenizer.bos_token
+    if bos is None or tokenizer("").input_ids[:1] != [tokenizer.bos_token_id]:
+        return
+    if any(not prompt.startswith(bos) for prompt in prompts):
+        warnings.warn(f"a prompt does not begin with {bos!r}, which this tokenizer adds to text: "
+                      "prompts are tokenized as written, so the model reads it without; begin "
+                      "each with tokenizer.bos_token or use the chat template", stacklevel=3)
+
+
+# ---- engineering: the same samples faster, each prompt prefilled once ----------------------
 @torch.inference_mode()
 def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int, cache=None):
     """The KV cache that ``generate`` would build from ``copies`` copies of each prompt, with each
@@ -401,6 +345,54 @@ def repeat_rows(cache, copies: int, into):
             into.update(layer.keys.repeat_interleave(copies, 0),
                         layer.values.repeat_interleave(copies, 0), index)
     return into
+
+
+# ---- greedy evaluation (a reply leaves the batch once it ended) -----------------------------
+def greedy_accuracy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
+                    prompts_per_call: int = 256) -> float:
+    """Mean reward of greedy completions (the eval accuracy when rewards are 0/1)."""
+    return greedy_rewards(model, tokenizer, prompts, {"reward": reward_fn},
+                          max_new_tokens=max_new_tokens,
+                          prompts_per_call=prompts_per_call)["reward"]
+
+
+@torch.inference_mode()
+def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, max_new_tokens: int,
+                   prompts_per_call: int = 256, progress=None, shared_prefill: bool = True,
+                   drop_ended: bool = True) -> dict[str, float]:
+    """{name: mean reward} of one set of greedy completions, scored by each of ``reward_fns``.
+    progress: e.g. a tqdm bar, advanced by the prompts of each batch done. Engineering, the same
+    completions: shared_prefill, the tokens every prompt of a batch starts with (a system prompt)
+    run once (``prefill_once``); drop_ended, a reply leaves the batch once it ended
+    (``greedy_completions``)."""
+    refuse_active_dropout(model)            # greedy through dropout scores another model
+    device = next(model.parameters()).device
+    check_bos(tokenizer, prompts)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos_ids, pad_token_id=pad_id)
+    totals = dict.fromkeys(reward_fns, 0.0)
+    for start in range(0, len(prompts), prompts_per_call):
+        chunk = prompts[start:start + prompts_per_call]
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False)
+        inputs, cache = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, {}
+        if shared_prefill:
+            ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
+            inputs["input_ids"], inputs["attention_mask"], cache = prefill_once(model, ids,
+                                                                                 pad_id, 1)
+        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+        if drop_ended:
+            new = greedy_completions(model, inputs, cache, gen_config)
+        else:
+            new = model.generate(**inputs, generation_config=gen_config,
+                                 **cache)[:, inputs["input_ids"].shape[1]:].tolist()
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for name, fn in reward_fns.items():
+            totals[name] += sum(float(fn(p, t)) for p, t in zip(chunk, texts))
+        if progress is not None:
+            progress.update(len(chunk))
+    return {name: total / len(prompts) for name, total in totals.items()}
 
 
 def greedy_completions(model, inputs: dict, cache: dict, gen_config: GenerationConfig,

@@ -42,7 +42,8 @@ from infra import demo_model  # noqa: E402
 import tasks  # noqa: E402
 from buffer import ReplayBuffer, collate  # noqa: E402
 from infra.distributed import pick_device  # noqa: E402
-from replay_rl import completion_logp, load_policy  # noqa: E402
+from replay_rl import completion_logp
+from infra.policy import load_policy  # noqa: E402
 from infra.engineered_update import update_step_engineered  # noqa: E402
 from infra.report import quiet_libraries  # noqa: E402
 from infra.fast_decoding import FastDecoding  # noqa: E402

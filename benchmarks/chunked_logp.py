@@ -122,14 +122,14 @@ def update_live_peak(model, batch, chunk: int) -> int:
     model.zero_grad(set_to_none=True)
     tracker = LiveBytes(p.untyped_storage().data_ptr() for p in model.parameters())
     with tracker:
-        loss, _, _ = batch_loss(model, batch, log_probs=log_probs)
+        loss, _, _ = batch_loss(model, batch, logp_fn=log_probs)
         loss.backward()
     return tracker.peak
 
 
 def live(micro: int = 8, completion: int = 256, vocab: int = 151_936, hidden: int = 16,
          chunk: int = 256) -> dict:
-    from replay_rl import load_policy
+    from infra.policy import load_policy
     with tempfile.TemporaryDirectory() as folder:
         model, _ = load_policy(random_qwen2(folder, vocab, hidden), lora_r=16, dtype=torch.bfloat16)
     model.train()
@@ -273,7 +273,7 @@ def trl_child(steps_: int, output: str) -> None:
     from infra import report
     import tasks
     import train
-    from replay_rl import load_tokenizer
+    from infra.policy import load_tokenizer
     report.quiet_libraries()
     w = SMOLLM2_WORK
     path = pretrained.resolve(pretrained.SMOLLM2, log=lambda line: None)

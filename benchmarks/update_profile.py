@@ -33,7 +33,7 @@ import replay_rl  # noqa: E402
 from bench import bare_step  # noqa: E402
 from buffer import Rollout, collate  # noqa: E402
 from infra.demo_model import char_tokenizer  # noqa: E402
-from replay_rl import load_policy  # noqa: E402
+from infra.policy import load_policy  # noqa: E402
 from infra.engineered_update import update_step_engineered  # noqa: E402
 
 small = os.environ.get("SMALL") == "1"

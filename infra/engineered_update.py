@@ -1,6 +1,6 @@
 """The engineering around replay_rl.update_step: the same step, the same gradient, with what a real
-run needs besides (train.py picks it with update_step_for when its flags need it; tests/test_minimal.py
-keeps it equal to update_step):
+run needs besides (train.py picks it with update_step_for when its flags need it; tests keep it
+equal to update_step):
 
     update_step_engineered     micro-batches (gradient accumulation), several processes (torchrun),
                                float16 loss scaling, a step skipped on NaN/inf, the batch's figures
@@ -16,7 +16,9 @@ import math
 import torch
 
 from buffer import Rollout, collate
-from replay_rl import batch_loss, check_layout, check_temperature, completion_logp, masked_mean, update_step
+import replay_rl
+from replay_rl import (batch_loss, check_layout, check_temperature, completion_logp, masked_mean,
+                       refuse_active_dropout)
 
 # update_step_engineered's loss_scale for float16 base weights (static)
 FP16_LOSS_SCALE = 2.0**10
@@ -30,15 +32,21 @@ PLAIN_HEAD_MODELS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_m
 
 
 def update_step_for(cfg, world_size: int = 1):
-    """The step train.py takes, called as replay_rl.update_step is (the same arguments): update_step
-    itself when the run needs none of the engineering (no micro-batches, float32 or bfloat16, one
-    process, --logp-chunk 0); else update_step_engineered with those settings bound."""
+    """The step train.py takes, called as replay_rl.update_step is (the same arguments):
+    update_step itself unless the run needs the engineering (micro-batches, float16, several
+    processes); then update_step_engineered with those settings bound."""
     micro = cfg.micro_batch_size if 0 < cfg.micro_batch_size < cfg.batch_size else 0
-    if not (micro or cfg.dtype == "float16" or world_size > 1 or cfg.logp_chunk):
-        return update_step
+    if not (micro or cfg.dtype == "float16" or world_size > 1):
+        return replay_rl.update_step
     return functools.partial(update_step_engineered, micro_batch_size=micro,
-                             logp_chunk=cfg.logp_chunk,
                              loss_scale=FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
+
+
+def logp_fn(chunk: int):
+    """The function update_step takes log pi_theta with (its logp_fn): completion_logp (None) for
+    chunk 0, else chunked_completion_logp with ``chunk`` tokens at a time (train.py's
+    --logp-chunk): the same values, without the [batch, max_len, vocab] logits."""
+    return functools.partial(chunked_completion_logp, chunk=chunk) if chunk else None
 
 
 # ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
@@ -46,7 +54,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
                            policy_version: int, temperature: float = 1.0, beta: float = 0.0,
                            normalization: str = "token_mean", micro_batch_size: int = 0,
                            max_grad_norm: float = 1.0, loss_scale: float = 1.0,
-                           logp_chunk: int = 0, **loss_args) -> dict:
+                           logp_fn=None, **loss_args) -> dict:
     """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
     - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch's
       loss is divided by the whole batch's tokens (token_mean) or sequences (sequence_mean),
@@ -61,11 +69,11 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
       skipped;
     - a step whose loss or gradient is not finite is skipped, as in update_step;
     - the batch's figures: the loss's metrics, the entropy, the ages and uses of its rollouts;
-    - logp_chunk > 0: log pi_theta from chunked_completion_logp, that many tokens at a time: the
-      same values, with the logits' memory bounded by the chunk, not by
-      micro-batch x length x vocab.
+    - logp_fn: as update_step's (logp_fn(chunk): chunked_completion_logp, the logits' memory
+      bounded by the chunk, not by micro-batch x length x vocab).
     It is longer than the rest: one loop holds all of the above, and a first reading skips it.
     """
+    refuse_active_dropout(model)
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
     ages = [policy_version - rollout.policy_version for rollout in rollouts]
@@ -78,9 +86,6 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
              + (["ref_kl"] if beta > 0 else []))
     sums = torch.zeros(len(names), dtype=torch.float64, device=device)
     ratio_max = torch.zeros((), device=device)
-    log_probs = None                                        # batch_loss's default: completion_logp
-    if logp_chunk:
-        log_probs = lambda m, c, t: chunked_completion_logp(m, c, t, logp_chunk)
     # the divisor of every micro-batch's loss: the whole batch's (policy_loss's num_items_in_batch)
     count = total_tokens if normalization == "token_mean" else total_sequences
     optimizer.zero_grad(set_to_none=True)
@@ -88,7 +93,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
         chunk = rollouts[i:i + micro]
         cols = collate(chunk, pad_id, policy_version, device=device)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
-                                      normalization=normalization, log_probs=log_probs,
+                                      normalization=normalization, logp_fn=logp_fn,
                                       num_items_in_batch=count, **loss_args)
         (loss * loss_scale).backward()
         # the figures: token means in every normalization; loss and ref_kl add up as they come

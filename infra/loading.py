@@ -49,7 +49,7 @@ def eval_rewards(task: tasks.Task, reward) -> dict:
 def load_model(cfg, task: tasks.Task, device: str, rank: int):
     """(policy with a fresh LoRA adapter, tokenizer, task with its prompts in the chat template)."""
     from infra import demo_model
-    from replay_rl import load_policy, load_tokenizer
+    from infra.policy import load_policy, load_tokenizer
 
     model_path = cfg.model
     if cfg.model == "tiny":                     # built once (rank 0), then loaded from the cache

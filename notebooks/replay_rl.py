@@ -61,7 +61,7 @@ import torch
 
 from infra import demo_model
 import tasks
-from replay_rl import load_policy
+from infra.policy import load_policy
 from rollout import greedy_accuracy
 
 task = tasks.addition_task(2)

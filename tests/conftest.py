@@ -43,7 +43,7 @@ def policy_with_an_adapter(path):
     """(model, tokenizer): the policy of ``path`` with a LoRA adapter whose B is not zero, so that
     LoRA is in the path of every forward (a fresh adapter adds nothing); seeded."""
     import torch
-    from replay_rl import load_policy
+    from infra.policy import load_policy
     torch.manual_seed(0)
     model, tokenizer = load_policy(path, lora_r=8)
     for name, p in model.named_parameters():

@@ -3,7 +3,8 @@ import collections
 import pytest
 import torch
 
-from buffer import ReplayBuffer, Rollout, collate
+from buffer import (ReplayBuffer, ReplayBufferWithVariants, Rollout, buffer_state, collate,
+                    load_buffer_state)
 
 
 def make(i, version=0, prompt_len=2, completion_len=3):
@@ -43,7 +44,7 @@ def test_sample_is_distinct_uniform_and_does_not_remove():
 
 
 def test_use_counts_and_ages():
-    buf = ReplayBuffer(capacity=4)
+    buf = ReplayBufferWithVariants(capacity=4)
     buf.add([make(0, version=0), make(1, version=3)])
     batch = buf.sample(2)
     batch = buf.sample(2)
@@ -63,7 +64,7 @@ def test_collate_gives_ages_only_for_a_given_policy_version_and_never_negative()
 
 
 def test_max_age_drops_stale_rollouts():
-    buf = ReplayBuffer(capacity=10, max_age=2)
+    buf = ReplayBufferWithVariants(capacity=10, max_age=2)
     buf.add([make(0, version=0), make(1, version=1), make(2, version=3)])
     assert buf.drop_stale(policy_version=3) == 1
     assert ids(buf.items) == [1, 2]                      # age 3 > 2 dropped; age 2 kept
@@ -77,10 +78,10 @@ def test_state_dict_round_trip_restores_items_and_sampling():
     buf.add(made[:4])
     buf.add(made[4:])
     buf.sample(3)
-    state = buf.state_dict()
+    state = buffer_state(buf)
     assert all(isinstance(v, torch.Tensor) for v in state.values())
     other = ReplayBuffer(capacity=5, seed=99)
-    other.load_state_dict(state)
+    load_buffer_state(other, state)
     for a, b in zip(buf.items, other.items):
         assert torch.equal(a.prompt_ids, b.prompt_ids) and torch.equal(a.completion_ids, b.completion_ids)
         assert torch.equal(a.behaviour_logp, b.behaviour_logp)
@@ -102,7 +103,7 @@ def test_collate_pads_prompts_left_and_completions_right():
 
 
 def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
-    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.3)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3)
     buf.add([make(i) for i in range(10)])        # make(i).reward = i % 2: odd ids are correct
     buf.add([make(10), make(11), make(12)])
     # freshest (1 - 0.3) * 10 = 7: ids 6..12; plus the freshest 3 correct among ids 0..5: 1, 3, 5
@@ -113,7 +114,7 @@ def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
 
 
 def test_positive_bias_retention_stays_full_when_correct_rollouts_are_few():
-    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.5)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5)
     rollouts = [make(i) for i in range(10)]
     for r in rollouts:
         r.reward = float(r.prompt_ids[0] == 102)     # only id 2 is correct
@@ -124,7 +125,7 @@ def test_positive_bias_retention_stays_full_when_correct_rollouts_are_few():
 
 
 def test_positive_bias_retention_never_evicts_a_fresh_rollout_unused():
-    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.5)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5)
     buf.add([make(i) for i in range(10)])
     buf.add([make(i) for i in range(10, 18)])        # 8 new > (1 - 0.5) * 10: all 8 stay
     # 2 slots left: the freshest correct among 0..9: 7 and 9
@@ -132,7 +133,7 @@ def test_positive_bias_retention_never_evicts_a_fresh_rollout_unused():
 
 
 def test_sample_with_remove_uses_each_rollout_once():
-    buf = ReplayBuffer(capacity=10, seed=3)
+    buf = ReplayBufferWithVariants(capacity=10, seed=3)
     buf.add([make(i) for i in range(7)])
     first = buf.sample(4, remove=True)
     assert len(buf) == 3 and not set(ids(first)) & set(ids(buf.items))
@@ -143,7 +144,7 @@ def test_sample_with_remove_uses_each_rollout_once():
 def test_max_uses_retires_a_rollout_at_its_cap_and_counts_it():
     """max_uses 2 on 3 rollouts drawn 2 at a time: each leaves after its second use, so however
     many batches are asked for, no rollout is used a third time; left_by_uses counts them at 2."""
-    buf = ReplayBuffer(capacity=10, seed=1)
+    buf = ReplayBufferWithVariants(capacity=10, seed=1)
     buf.add([make(i) for i in range(3)])
     uses = {i: 0 for i in range(3)}
     while len(buf) >= 2:
@@ -156,7 +157,7 @@ def test_max_uses_retires_a_rollout_at_its_cap_and_counts_it():
 
 
 def test_skip_zero_advantage_stores_only_informative_rollouts():
-    buf = ReplayBuffer(capacity=10, skip_zero_advantage=True, loss_type="tis")
+    buf = ReplayBufferWithVariants(capacity=10, skip_zero_advantage=True, loss_type="tis")
     rollouts = [make(i) for i in range(4)]
     rollouts[2].advantage = 0.0
     buf.add(rollouts)
@@ -174,21 +175,21 @@ def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
         collate(cool + [make(3)], pad_id=0)
     buf = ReplayBuffer(capacity=4)
     buf.add(cool)
-    state = buf.state_dict()
+    state = buffer_state(buf)
     again = ReplayBuffer(capacity=4)
-    again.load_state_dict(state)
+    load_buffer_state(again, state)
     assert [r.temperature for r in again.items] == [0.7] * 3
     old = {k: v for k, v in state.items() if k != "temperature"}
-    again.load_state_dict(old, temperature=0.5)
+    load_buffer_state(again, old, temperature=0.5)
     assert [r.temperature for r in again.items] == [0.5] * 3
     with pytest.raises(ValueError, match="saved before rollouts kept their temperature"):
-        again.load_state_dict(old)
+        load_buffer_state(again, old)
 
 
 def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
     """left_by_uses counts the rollouts evicted (FIFO and positive-bias), dropped as stale and
     taken with remove, each once, by the uses it had: with the ones still held, every stored one."""
-    buf = ReplayBuffer(capacity=10, keep_correct_frac=0.3, max_age=2, seed=0)   # the draw below
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3, max_age=2, seed=0)   # the draw below
     buf.add([make(i) for i in range(10)])
     buf.sample(4, policy_version=0)                       # 4 of ids 0..9 used once
     used = set(ids(r for r in buf.items if r.uses))
@@ -204,19 +205,19 @@ def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
 def test_the_buffer_refuses_what_it_cannot_honour():
     """Called bare: more new rollouts at once than it holds (the first would leave unused), and the
     zero-advantage filter without a loss for which it is right (tis or ppo, beta 0)."""
-    buf = ReplayBuffer(capacity=3)
+    buf = ReplayBufferWithVariants(capacity=3)
     with pytest.raises(ValueError, match="4 rollouts added to a buffer of 3: the first 1 would be evicted"):
         buf.add([make(i) for i in range(4)])
     assert len(buf) == 0
     assert buf.add([make(i) for i in range(4)], limit=3) == 3          # what it stores fits
     for kw in (dict(), dict(loss_type="asymre"), dict(loss_type="tis", beta=0.1)):
         with pytest.raises(ValueError, match="the filter is only for tis or ppo without KL"):
-            ReplayBuffer(capacity=3, skip_zero_advantage=True, **kw)
-    assert ReplayBuffer(capacity=3, skip_zero_advantage=True, loss_type="ppo").skip_zero_advantage
+            ReplayBufferWithVariants(capacity=3, skip_zero_advantage=True, **kw)
+    assert ReplayBufferWithVariants(capacity=3, skip_zero_advantage=True, loss_type="ppo").skip_zero_advantage
 
 
 def test_max_age_zero_is_refused_not_a_buffer_that_empties_after_every_step():
     """train.py's --max-age 0 means no limit (it passes None); the class given 0 itself would keep
     a rollout for one step only. A copier who wires a flag straight in gets one line instead."""
     with pytest.raises(ValueError, match="None is no limit"):
-        ReplayBuffer(capacity=4, max_age=0)
+        ReplayBufferWithVariants(capacity=4, max_age=0)

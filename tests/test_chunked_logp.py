@@ -8,10 +8,13 @@ import dataclasses
 import math
 
 import pytest
+
+from infra import engineered_update
 import torch
 
 from buffer import Rollout, collate
-from replay_rl import LOSS_TYPES, NORMALIZATIONS, batch_loss, completion_logp, load_policy
+from replay_rl import LOSS_TYPES, NORMALIZATIONS, batch_loss, completion_logp
+from infra.policy import load_policy
 from infra.engineered_update import chunked_completion_logp, update_step_engineered
 
 RTOL = 1e-5     # of each compared tensor's largest magnitude (values near 0 have no relative error)
@@ -85,7 +88,7 @@ def batch(model, pad_id: int, temperature: float, rows: int = 7):
 
 def loss_and_grads(model, cols, log_probs, **loss_args):
     model.zero_grad(set_to_none=True)
-    loss, metrics, entropy = batch_loss(model, cols, log_probs=log_probs, **loss_args)
+    loss, metrics, entropy = batch_loss(model, cols, logp_fn=log_probs, **loss_args)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
     return loss.detach(), {k: v.item() for k, v in metrics.items()}, entropy, grads
@@ -141,7 +144,8 @@ def test_the_chunked_log_probs_are_the_plain_ones_and_0_on_padding(models, tempe
 
 
 def test_update_step_engineered_takes_the_same_step_with_chunks(models):
-    """train.py's step with --logp-chunk 3 and 0 (plain), micro-batches of 3: the same weights."""
+    """train.py's engineered step with log-probs in chunks of 3 and without (plain), micro-batches
+    of 3: the same weights."""
     model, pad_id = models["tiny llama, tied"]
     rollouts = batch(model, pad_id, 1.0)
     trainable = lambda m: [p for p in m.parameters() if p.requires_grad]
@@ -150,7 +154,7 @@ def test_update_step_engineered_takes_the_same_step_with_chunks(models):
         trained = copy.deepcopy(model)
         m = update_step_engineered(trained, torch.optim.SGD(trainable(trained), lr=0.5), rollouts,
                                    pad_id=pad_id, policy_version=0, micro_batch_size=3,
-                                   logp_chunk=chunk, max_grad_norm=1e3)
+                                   logp_fn=engineered_update.logp_fn(chunk), max_grad_norm=1e3)
         after[chunk] = m, torch.cat([p.detach().flatten() for p in trainable(trained)])
     (plain, weights), (chunked, chunked_weights) = after[0], after[3]
     for name in ("loss", "is_ratio_mean", "approx_kl", "grad_norm"):

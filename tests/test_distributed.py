@@ -30,13 +30,14 @@ def torchrun(args, tmp_path, nproc=2, timeout=600):
 def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, addition):
     import replay_rl
     from infra import engineered_update
-    from buffer import ReplayBuffer
+    from buffer import ReplayBuffer, buffer_state
+    from infra.policy import load_policy
     from rollout import generate_rollouts
     from safetensors.torch import load_file, save_file
 
     def policy():
         torch.manual_seed(0)
-        model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+        model, tok = load_policy(tiny_path, lora_r=4)
         for name, p in model.named_parameters():      # a non-zero adapter: every LoRA weight gets a gradient
             if "lora_B" in name:
                 p.data.normal_(0, 0.05)
@@ -52,7 +53,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
     assert len({len(r.completion_ids) for r in rollouts}) > 1        # unequal lengths: the normalizer matters
     buf = ReplayBuffer(len(rollouts))
     buf.add(rollouts)
-    save_file(buf.state_dict(), str(tmp_path / "rollouts.safetensors"))
+    save_file(buffer_state(buf), str(tmp_path / "rollouts.safetensors"))
     script = tmp_path / "one_update.py"
     script.write_text(textwrap.dedent(f"""
         import json, os, torch, torch.distributed as dist
@@ -60,17 +61,17 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         import replay_rl
-        from infra import engineered_update
-        from buffer import ReplayBuffer
+        from infra import engineered_update, policy
+        from buffer import ReplayBuffer, load_buffer_state
         from safetensors.torch import load_file, save_file
         buf = ReplayBuffer(10**6)
-        buf.load_state_dict(load_file({str(tmp_path / "rollouts.safetensors")!r}))
+        load_buffer_state(buf, load_file({str(tmp_path / "rollouts.safetensors")!r}))
         collectives, all_reduce = [], dist.all_reduce
         dist.all_reduce = lambda *a, **k: (collectives.append(1), all_reduce(*a, **k))[1]
         out = {{}}
         for normalization in ("token_mean", "sequence_mean"):
             torch.manual_seed(0)
-            model, tok = replay_rl.load_policy({tiny_path!r}, lora_r=4)
+            model, tok = policy.load_policy({tiny_path!r}, lora_r=4)
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.data.normal_(0, 0.05)

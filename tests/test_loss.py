@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from replay_rl import policy_loss
+from infra import policy
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 ADV = torch.tensor([1.0, -2.0])
@@ -158,7 +159,7 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     from buffer import collate
     from rollout import generate_rollouts
     torch.manual_seed(0)
-    model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+    model, tok = policy.load_policy(tiny_path, lora_r=4)
     rollouts, _ = generate_rollouts(model, tok, ["1+2=", "45+67=", "9+99="], addition.reward, num_generations=4,
                                     max_new_tokens=5, policy_version=0)
     for i, r in enumerate(rollouts):    # each group's rewards [1, 0, 0, 1]: V = 0.5, so r - (V - 0.1) = 0.6 / -0.4
@@ -190,7 +191,7 @@ def test_readme_gives_policy_loss_line_range():
     loss = functions["policy_loss"]
     helpers = {c.func.id for c in ast.walk(loss) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
                and c.func.id in functions}
-    assert helpers == {"log_pi_coefficient", "masked_mean", "loss_metrics"}
+    assert helpers == {"advantage_term", "masked_mean", "loss_metrics"}
     inside = {name for name, fn in functions.items() if first <= fn.lineno and fn.end_lineno <= last}
     assert loss.lineno == first and max(functions[h].end_lineno for h in helpers) == last
     assert inside == helpers | {"policy_loss"}

@@ -200,7 +200,8 @@ def batch_of(m: int, prompt: int, completion: int, padded: bool):
 
 def saved_bytes(folder: str, batch, load_in_4bit: bool) -> int:
     """Bytes of the distinct storages autograd saves in completion_logp's forward, but for the logits."""
-    from replay_rl import completion_logp, load_policy
+    from replay_rl import completion_logp
+    from infra.policy import load_policy
     model, _ = load_policy(folder, lora_r=16, dtype=torch.bfloat16, load_in_4bit=load_in_4bit)
     model.train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -231,7 +232,8 @@ def test_activation_bytes_are_what_autograd_keeps(small_models, padded, load_in_
 
 
 def test_five_fp32_logits_are_alive_at_the_backward_peak(small_models):
-    from replay_rl import completion_logp, load_policy, policy_loss
+    from replay_rl import completion_logp, policy_loss
+    from infra.policy import load_policy
     model, _ = load_policy(small_models[1], lora_r=16, dtype=torch.bfloat16)
     model.train()
     m, prompt, completion, V = 2, 9, 32, 4096
@@ -252,7 +254,7 @@ def test_five_fp32_logits_are_alive_at_the_backward_peak(small_models):
 def test_two_fp32_chunk_logits_are_alive_at_the_chunked_peak(small_models):
     """The chunked log-probs' peak over the saved activations is the estimate's logits term: two
     fp32 [chunk, V] tensors and two [tokens, h] ones (bf16 here)."""
-    from replay_rl import load_policy
+    from infra.policy import load_policy
     model, _ = load_policy(small_models[1], lora_r=16, dtype=torch.bfloat16)
     model.train()
     m, prompt, completion, V, h, chunk = 2, 9, 32, 4096, SMALL["hidden_size"], 16
@@ -269,7 +271,7 @@ def test_chunked_update_peaks_below_a_quarter_of_the_plain_one_at_qwen_vocabular
     dominate): micro-batch 8 x 32 completion tokens in chunks of 32, as 8 x 256 in train.py's
     chunks of 256 (that full size: benchmarks/chunked_logp.py --parts live, in
     docs/results/chunked_logp_cpu.json). Live-tensor bytes."""
-    from replay_rl import load_policy
+    from infra.policy import load_policy
     vocab = 151_936
     model, _ = load_policy(random_qwen2(str(tmp_path), vocab, 16), lora_r=16, dtype=torch.bfloat16)
     model.train()

@@ -11,7 +11,8 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, P
 
 from infra import demo_model
 from buffer import collate
-from replay_rl import completion_logp, load_policy
+from replay_rl import completion_logp
+from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
 from rollout import generate_rollouts
 

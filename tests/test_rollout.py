@@ -6,7 +6,8 @@ from conftest import policy_with_an_adapter
 import torch
 
 from buffer import collate
-from replay_rl import completion_logp, load_policy
+from replay_rl import completion_logp
+from infra.policy import load_policy
 from rollout import generate_rollouts, group_advantages
 
 

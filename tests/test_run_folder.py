@@ -174,9 +174,9 @@ def test_a_second_writer_of_an_eval_json_or_a_comparison_folder_is_refused(finis
 
 
 def test_a_prompt_beyond_the_models_context_is_refused_before_the_model(tmp_path, tiny_path, monkeypatch, capsys):
-    import replay_rl
+    from infra import policy
 
-    monkeypatch.setattr(replay_rl, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(policy, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     run = str(tmp_path / "run")
     with pytest.raises(SystemExit) as e:                 # the demo model: 128 positions, prompts of 6 tokens
         train.main(SMALL + ["--max-new-tokens", "123", "--output-dir", run])

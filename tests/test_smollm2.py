@@ -15,7 +15,8 @@ from infra import checkpoint
 from infra import pretrained
 import tasks
 from buffer import collate
-from replay_rl import completion_logp, load_policy
+from replay_rl import completion_logp
+from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
 from rollout import generate_rollouts
 
@@ -283,14 +284,14 @@ def test_a_missing_model_file_or_package_is_one_line_before_any_model(monkeypatc
 
 
 def test_a_10_mb_question_beyond_the_context_is_refused_naming_its_row(smollm2, tmp_path, monkeypatch, capsys):
-    import replay_rl
     import train
+    from infra import policy
 
     rows = [{"question": f"What is {i} + 3?", "answer": f"#### {i + 3}"} for i in range(9)]
     rows.insert(1, {"question": "Add these. " + "word " * 2_000_000, "answer": "#### 1"})
     task = tmp_path / "long.jsonl"
     task.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    monkeypatch.setattr(replay_rl, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(policy, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     start = time.time()
     with pytest.raises(SystemExit) as e:
         train.main(["--model", "smollm2", "--task", str(task), "--prompts-per-round", "2",

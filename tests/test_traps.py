@@ -12,8 +12,11 @@ import torch
 from transformers import GenerationConfig
 
 import minimal
-from buffer import ReplayBuffer, Rollout, collate
-from replay_rl import completion_logp, log_pi_coefficient, policy_loss, update_step
+from buffer import (ReplayBuffer, ReplayBufferWithVariants, Rollout, buffer_state, collate,
+                    load_buffer_state)
+import replay_rl
+import rollout
+from replay_rl import advantage_term, completion_logp, policy_loss, update_step
 from rollout import PLAIN_SAMPLING, BehaviourLogProbs, generate_rollouts
 
 
@@ -106,7 +109,7 @@ def test_trap4_a_rollout_has_no_silent_baseline():
         hand_built(1.0, temperature=1.0)
     cols = collate([hand_built(1.0, baseline=0.5, temperature=1.0),
                     hand_built(0.0, baseline=0.5, temperature=1.0)], pad_id=0)
-    coef = log_pi_coefficient(None, torch.zeros(2, 2), "asymre", cols["reward"], cols["baseline"],
+    coef = advantage_term(None, torch.zeros(2, 2), "asymre", cols["reward"], cols["baseline"],
                               asymre_tau=0.1)
     assert torch.allclose(coef.squeeze(1), torch.tensor([0.6, -0.4]))
 
@@ -138,8 +141,9 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
     rollouts[0].advantage = rollouts[1].advantage = 1.0       # a gradient, whatever the rewards
     steps = [lambda m, opt: update_step(m, opt, rollouts, pad_id=tokenizer.pad_token_id,
                                         policy_version=0, temperature=1.5),
-             lambda m, opt: minimal.update(m, opt, rollouts, tokenizer.pad_token_id,
-                                           temperature=1.5, is_cap=2.0)]
+             lambda m, opt: minimal.update(m, opt, [
+                 minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
+                                 r.advantage, 0) for r in rollouts], tokenizer.pad_token_id)]
     for step in steps:
         trained = copy.deepcopy(model)
         params = [p for p in trained.parameters() if p.requires_grad]
@@ -177,9 +181,9 @@ def test_trap7_micro_batch_losses_add_up_to_the_batch_loss_with_its_count():
 
 # ---- Issue 61's twelve traps: each in the function a person copies, called bare ----------------
 def test_issue61_trap1_max_age_acts_at_sampling():
-    """ReplayBuffer(max_age=1) kept ages 0 and 10 alike unless the caller ran drop_stale. Now
+    """ReplayBufferWithVariants(max_age=1) kept ages 0 and 10 alike unless the caller ran drop_stale. Now
     sample needs the current policy_version when max_age is set, and drops the stale first."""
-    buf = ReplayBuffer(4, max_age=1, seed=0)
+    buf = ReplayBufferWithVariants(4, max_age=1, seed=0)
     buf.add([hand_built(1.0, baseline=0.5, temperature=1.0) for _ in range(2)])
     buf.items[0].policy_version = 0
     buf.items[1].policy_version = 10
@@ -203,12 +207,12 @@ def test_issue61_trap2_a_rollout_is_equal_to_itself_only():
 def test_issue61_trap3_correct_means_the_full_reward_not_above_zero():
     """Positive-bias retention ranked reward > 0 as correct: two older rollouts rewarded 0.1 were
     kept and the one rewarded 1.0 evicted. Correct is now reward >= correct_reward (1.0)."""
-    buf = ReplayBuffer(4, keep_correct_frac=0.5, seed=0)
+    buf = ReplayBufferWithVariants(4, keep_correct_frac=0.5, seed=0)
     right, *rest = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.1, 0.1, 0.0)]
     buf.add([right, *rest])
     buf.add([hand_built(0.0, baseline=0.5, temperature=1.0) for _ in range(2)])
     assert right in buf.items and [r.reward for r in buf.items[:2]] == [1.0, 0.0]
-    partial = ReplayBuffer(4, keep_correct_frac=0.5, seed=0, correct_reward=0.1)
+    partial = ReplayBufferWithVariants(4, keep_correct_frac=0.5, seed=0, correct_reward=0.1)
     partial.add([hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.1, 0.1, 0.0)])
     partial.add([hand_built(0.0, baseline=0.5, temperature=1.0) for _ in range(2)])
     assert [r.reward for r in partial.items[:2]] == [0.1, 0.1]
@@ -349,16 +353,16 @@ def test_review_trap_a_buffer_loads_no_more_than_it_holds():
     full = ReplayBuffer(8, seed=0)
     full.add([hand_built(float(i), baseline=0.5, temperature=1.0) for i in range(8)])
     with pytest.raises(ValueError, match="a state of 8 rollouts into a buffer of capacity 4"):
-        ReplayBuffer(4, seed=0).load_state_dict(full.state_dict())
+        load_buffer_state(ReplayBuffer(4, seed=0), buffer_state(full))
     same = ReplayBuffer(8, seed=0)
-    same.load_state_dict(full.state_dict())
+    load_buffer_state(same, buffer_state(full))
     assert [r.reward for r in same.items] == [float(i) for i in range(8)]
 
 
 def test_review_trap_remove_and_max_uses_together_are_refused():
     """sample(B, remove=True, max_uses=3) used each rollout once: remove won and max_uses was
     ignored, silently. Both together are refused; each alone acts."""
-    buf = ReplayBuffer(4, seed=0)
+    buf = ReplayBufferWithVariants(4, seed=0)
     buf.add([hand_built(float(i), baseline=0.5, temperature=1.0) for i in range(4)])
     with pytest.raises(ValueError, match="remove with max_uses 3"):
         buf.sample(2, remove=True, max_uses=3)
@@ -372,7 +376,7 @@ def test_review_trap_dropout_a_layer_applies_itself_is_found_turned_off_and_refu
     """OPT keeps its dropout as float attributes (dropout, activation_dropout) that it passes to
     F.dropout itself: load_policy left three at 0.1, sampling in training mode was not refused,
     and an update on fresh rollouts in training mode gave is_ratio_max 1.08, not 1.
-    rollout.dropout_rates finds them, replay_rl.dropout_off (what load_policy runs) zeroes them,
+    replay_rl.dropout_rates finds them, infra.policy.dropout_off (what load_policy runs) zeroes them,
     refuse_active_dropout refuses them in training mode, and greedy evaluation refuses them too."""
     from transformers import OPTConfig, OPTForCausalLM
     import replay_rl
@@ -382,8 +386,9 @@ def test_review_trap_dropout_a_layer_applies_itself_is_found_turned_off_and_refu
                                      num_attention_heads=2, max_position_embeddings=64,
                                      word_embed_proj_dim=16, dropout=0.1, attention_dropout=0.1,
                                      activation_dropout=0.1, layerdrop=0.0))
-    found = [(name, attr, rate) for name, module, attr, rate in rollout.dropout_rates(model)
-             if not isinstance(module, torch.nn.Dropout) and rate > 0]
+    found = [(name, attr, rate) for name, module, attr, rate in replay_rl.dropout_rates(model)
+             if isinstance(module, torch.nn.Module) and not isinstance(module, torch.nn.Dropout)
+             and rate > 0]
     assert len(found) >= 2 and all(attr == "dropout" for _, attr, _ in found)    # not nn.Dropout
     model.train()
     with pytest.raises(ValueError, match=r"active dropout \(.*dropout: 0.1\)"):
@@ -393,7 +398,124 @@ def test_review_trap_dropout_a_layer_applies_itself_is_found_turned_off_and_refu
     ids = torch.arange(1, 9).unsqueeze(0)
     outputs = {model(ids).logits.sum().item() for _ in range(2)}
     assert len(outputs) == 2                    # in training mode two forwards differ: dropout acts
-    replay_rl.dropout_off(model)             # what load_policy runs
-    assert all(rate == 0.0 for *_, rate in rollout.dropout_rates(model))
+    from infra.policy import dropout_off
+    dropout_off(model)                          # what load_policy runs
+    assert all(rate == 0.0 for *_, rate in replay_rl.dropout_rates(model))
     rollout.refuse_active_dropout(model)        # nothing left to refuse, in training mode
     assert len({model(ids).logits.sum().item() for _ in range(2)}) == 1
+
+
+# ---- issue 66: the five traps a fresh reader confirmed, each on the bare function ---------------
+def tiny_falcon(tmp_path, dropout: float):
+    """A tiny Falcon folder (the demo's character tokenizer) whose layers read their dropout from
+    the config during the forward (dropout_add(..., self.config.hidden_dropout, ...))."""
+    from transformers import FalconConfig, FalconForCausalLM
+    from infra.demo_model import char_tokenizer
+    torch.manual_seed(0)
+    tokenizer = char_tokenizer()
+    model = FalconForCausalLM(FalconConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        hidden_dropout=dropout, attention_dropout=dropout, pad_token_id=0, eos_token_id=1,
+        bos_token_id=1))
+    model.save_pretrained(tmp_path / "falcon")
+    tokenizer.save_pretrained(tmp_path / "falcon")
+    return str(tmp_path / "falcon"), model
+
+
+def test_t1_dropout_a_layer_reads_from_its_config_is_found_zeroed_and_refused(tmp_path, addition):
+    """T1: Falcon reads hidden_dropout from self.config in its forward: load_policy left it at 0.2
+    and rho on fresh rollouts was 1.13 at most in training mode. dropout_rates now finds the
+    config's rates, refuse_active_dropout refuses them in training mode, and load_policy zeroes
+    them: fresh rollouts train at rho = 1."""
+    from infra.policy import load_policy
+    folder, raw = tiny_falcon(tmp_path, 0.2)
+    found = {(attr, rate) for _, owner, attr, rate in replay_rl.dropout_rates(raw)
+             if not isinstance(owner, torch.nn.Module)}
+    assert ("hidden_dropout", 0.2) in found and ("attention_dropout", 0.2) in found
+    raw.train()
+    with pytest.raises(ValueError, match=r"active dropout \(.*dropout: 0.2\)"):
+        replay_rl.refuse_active_dropout(raw)
+    model, tokenizer = load_policy(folder, lora_r=4)
+    assert all(rate == 0 for *_, rate in replay_rl.dropout_rates(model))
+    assert model.config.hidden_dropout == 0.0
+    torch.manual_seed(1)
+    rollouts, _ = generate_rollouts(model, tokenizer, addition.train_prompts[:4], addition.reward,
+                                    num_generations=4, max_new_tokens=5, policy_version=0)
+    model.train()                               # as train.py steps: training mode
+    metrics = update_step(model, torch.optim.SGD([p for p in model.parameters()
+                                                  if p.requires_grad], lr=0.0),
+                          rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
+    assert abs(metrics["is_ratio_max"] - 1) < 1e-4 and metrics["approx_kl"] < 1e-7
+
+
+def test_t2_ppo_takes_no_gradient_through_a_behaviour_logp_that_carries_a_graph():
+    """T2: log mu computed by a forward that kept its graph (no torch.no_grad) made the ppo loss's
+    gradient flow back through it too; on fresh data the two cancelled to 0. log mu is data: the
+    gradient is the same with it detached or not, and not 0."""
+    torch.manual_seed(0)
+    weights = torch.randn(3, 5, requires_grad=True)
+    logp = torch.log_softmax(weights, -1)[:, :4]                 # log pi_theta, [3, 4]
+    mask, advantage = torch.ones(3, 4), torch.tensor([1.0, -0.5, 2.0])
+    grads = []
+    for behaviour in (logp, logp.detach()):                      # with its graph, then without
+        weights.grad = None
+        loss, _ = policy_loss(logp, behaviour, advantage, mask, loss_type="ppo")
+        loss.backward(retain_graph=True)
+        grads.append(weights.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().max() > 1e-3
+
+
+def test_t3_update_step_refuses_active_dropout_in_training_mode(policy, addition):
+    """T3: update_step on a model whose dropout acts in training mode took the step, with
+    is_ratio_mean 0.84 on fresh rollouts. It refuses in one line; in eval mode (dropout off) the
+    same step runs."""
+    model, tokenizer = copy.deepcopy(policy[0]), policy[1]
+    rollouts, _ = generate_rollouts(model, tokenizer, ["12+34=", "5+67="], addition.reward,
+                                    num_generations=4, max_new_tokens=5, policy_version=0)
+    attention = next(m for m in model.modules() if hasattr(m, "attention_dropout"))
+    attention.attention_dropout = 0.1
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    model.train()
+    with pytest.raises(ValueError, match=r"training mode with active dropout \(.*attention_dropout"):
+        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
+    model.eval()
+    metrics = update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                          policy_version=0)
+    assert abs(metrics["is_ratio_mean"] - 1) < 1e-5
+
+
+def test_t4_collate_refuses_prompt_ids_that_carry_padding(policy, addition):
+    """T4: prompt_ids sliced from a left-padded batch (sequences[i, :prompt_len]) kept their pads,
+    which collate laid out as prompt tokens: log pi and log mu 13 nats apart. Refused."""
+    model, tokenizer = policy
+    rollouts, _ = generate_rollouts(model, tokenizer, ["12+34=", "5+6="], addition.reward,
+                                    num_generations=2, max_new_tokens=5, policy_version=0)
+    pad = tokenizer.pad_token_id
+    padded = rollouts[2]                                           # "5+6=", two shorter
+    padded.prompt_ids = torch.cat([torch.tensor([pad, pad]), padded.prompt_ids])
+    with pytest.raises(ValueError, match=f"prompt_ids begin with the pad id {pad}: store each"):
+        collate(rollouts, pad)
+
+
+def test_t5_the_recorder_refuses_beam_search(policy):
+    """T5: generate(num_beams=2, num_return_sequences=2) passed as keywords added no processor the
+    recorder saw, and the log mu it returned was of other rows (4.4 nats off). finish() now checks
+    that the completions are the tokens it gathered, call by call, and refuses."""
+    from transformers import GenerationConfig, LogitsProcessorList
+    model, tokenizer = policy
+    enc = tokenizer(["12+34=", "5+6="], return_tensors="pt", padding=True, add_special_tokens=False)
+    config = GenerationConfig(**rollout.PLAIN_SAMPLING, temperature=1.0, max_new_tokens=4,
+                              eos_token_id=[tokenizer.eos_token_id],
+                              pad_token_id=tokenizer.pad_token_id)
+    for beams in ({}, {"num_beams": 2, "num_return_sequences": 2}):
+        recorder = BehaviourLogProbs(model, config)
+        torch.manual_seed(0)
+        out = model.generate(**enc, generation_config=config,
+                             logits_processor=LogitsProcessorList([recorder]), **beams)
+        completions = out[:, enc.input_ids.shape[1]:]
+        if not beams:
+            logp, _ = recorder.finish(completions)              # sampling: recorded, row by row
+            assert logp.shape == completions.shape
+            continue
+        with pytest.raises(ValueError, match="generate reordered its rows"):
+            recorder.finish(completions)
