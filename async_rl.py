@@ -1,7 +1,8 @@
 """The paper's system: generation workers that sample while the trainer steps, pushing rollouts to
-its buffer. A worker waits for an order (order_rounds: none while the buffer has no room for a round
-unused, or rounds_ahead rounds are on their way; orders go out between steps) and, with --max-lag,
-for newer weights; during an eval the trainer holds it stopped, off the clocks.
+its buffer. The two loops come first (``train_async``, the trainer; ``worker_loop``, a worker),
+then the trainer's rules (how many steps a round makes due, when to order a round, one step). The
+processes, queues and weight sharing sit in infra/workers.py (``Generators`` on the trainer's side,
+``WorkerLink`` on a worker's); a reader who skips it misses nothing of the method.
 
     python train.py --generators 1          # one worker process generates while the trainer steps
 
@@ -15,25 +16,23 @@ for newer weights; during an eval the trainer holds it stopped, off the clocks.
         publish the adapter's weights; evaluate (step 0)
         until the budget of rounds is in:
             order rounds while the buffer has room for their rollouts unused
-            take what the workers pushed -> buffer.add (every round whole, but the rollouts the
-            zero-advantage filter drops; --max-age and eviction can drop a rollout unused: counted)
-            when a step is due (B in the buffer; with S, S new ones since the last steps):
-                sample B -> one optimizer step; every --sync-every steps publish the weights
+            (--step-when-held: step while no round has arrived)
+            take the next round that arrived -> buffer.add
+            its steps, as in the synchronous loop: K once the buffer holds B (with S: K for every
+            S new ones); each samples B, takes one optimizer step and every --sync-every steps
+            publishes the weights
             eval and checkpoint when due
 
-S = --new-per-update keeps its meaning: K steps for every S new rollouts stored; S = B = N is async
-on-policy (each rollout used once, a step or so stale). S = 0, the paper's sampler: the trainer
-steps whenever the buffer holds B (K plays no part), and the replay ratio is set by the two rates
-(measured, not chosen), up to --max-uses U (default 4): a rollout used U times leaves, so once
-what it holds is used up the trainer waits for rounds; --max-uses 0 is the paper's uncapped form. --lockstep orders each round only once the weights of
-every step before it are published: each rollout is then trained on at age 0 with rho = 1, as in
-the synchronous loop (a check of exactness, not a way to train). Async runs are not
-bit-reproducible: which version a worker samples with, and which rounds arrive before a step,
-depend on how fast each process runs.
-
-The two loops come first (``train_async``, ``worker_loop``), then the trainer's rules (when to
-order a round, when a step is due, when the run is over). The processes, queues and weight sharing
-sit in infra/workers.py (``Generators`` on the trainer's side, ``WorkerLink`` on a worker's).
+Every flag means what it means in the synchronous loop. Two are the async loop's own:
+--step-when-held, the paper's trainer: a step whenever the buffer holds B, K and S aside, so that
+the replay ratio is set by the two speeds (measured, not chosen), up to --max-uses U (default 4:
+a rollout used U times leaves; 0, the paper's uncapped form); and --lockstep, which orders each
+round only once the weights of every step before it are published: each rollout is then trained
+on at age 0 with rho = 1, as in the synchronous loop (a check of exactness, not a way to train).
+Async runs are not bit-reproducible: which version a worker samples with, and which rounds
+arrive before a step, depend on how fast each process runs. A worker waits for an order (none
+while the buffer has no room for a round unused, or rounds_ahead rounds are on their way) and,
+with --max-lag, for newer weights; during an eval the trainer holds it stopped, off the clocks.
 """
 from __future__ import annotations
 
@@ -42,38 +41,41 @@ import math
 import rollout
 from buffer import Rollout
 from infra import report
-from infra.round_end import end_of_round, evaluate
+from infra.round_end import budget_spent, end_of_round, eval_due, evaluate
 from infra.workers import Generators
 
 
 # ---- the two loops ---------------------------------------------------------------------------
 def train_async(run, sample_batch, take_step) -> None:
-    """The trainer, the README's async box: publish the weights, evaluate; then until the budget is
-    in: order rounds while the buffer has room, add what arrived, step when due, publish, eval and
-    save when due. train.py's steps: sample_batch(run, B) (B from the buffer, or None), and
-    take_step(run, sampled, B) (update_step, timed and recorded). Returns when the budget is in or
-    a stop was asked (the caller saves)."""
-    cfg, state, B = run.cfg, run.state, run.cfg.batch_size
+    """The trainer, the README's async box. train.py's steps: sample_batch(run, B) (B from the
+    buffer, or None) and take_step(run, sampled, B) (update_step, timed and recorded). Returns
+    when the budget is in or a stop was asked (the caller saves)."""
+    cfg, state = run.cfg, run.state
     with Generators(run, worker_loop) as workers:   # the processes; all stopped on the way out
         workers.publish(run.model, state.step)      # the weights the first rounds sample with
         if state.first_accuracy is None:
             evaluate(run)                           # step 0, while the workers load their models
-        while not finished(run, workers) and not run.stop.requested():
+        while not budget_spent(run) or workers.outstanding:     # rounds still to come
             order_rounds(run, workers)              # P prompts a round, while N has room
-            # the trainer waits for a round only when no step is due
-            if not state.round_end_due and (arrived := workers.take_round(
-                    wait=not step_due(run, workers))):
-                store(run, *arrived)                # buffer.add(every rollout that arrived)
-            if step_due(run, workers) and (sampled := take_batch(run, sample_batch, B)):
-                order_rounds(run, workers)          # the room it freed: generated during the step
-                workers.account(state)              # the time split, into this step's metrics row
-                take_step(run, sampled, B)          # one optimizer step: the policy's version + 1
-                state.pending_updates -= 1          # one step due fewer
-                if state.step % cfg.sync_every == 0:
-                    workers.publish(run.model, state.step)
-            if state.round_end_due and not (state.pending_updates and step_due(run, workers)):
-                workers.account(state)              # the round's due steps taken (or none can be):
-                end_of_round(run)                   # eval, progress bar, checkpoint
+            arrived = None
+            if cfg.step_when_held:                  # the paper's trainer: it steps while it waits
+                while ((arrived := workers.take_round(wait=False)) is None
+                       and step(run, workers, sample_batch, take_step)):
+                    pass
+            arrived = arrived or workers.take_round(wait=True)     # the next round (waits)
+            if arrived is None:                     # a stop, asked while it waited
+                return
+            steps = store(run, *arrived)            # buffer.add; the steps it makes due
+            for k in range(steps):
+                if not step(run, workers, sample_batch, take_step):    # too few left: the
+                    state.lapsed_updates += steps - k                 # rest lapse, counted
+                    break
+            workers.account(state)                  # the time split, into the round's figures
+            if eval_due(run):
+                evaluate(run)
+            end_of_round(run)                       # the progress bar, a checkpoint when due
+            if run.stop.requested():
+                return
 
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
@@ -96,62 +98,48 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
 
 
 # ---- the trainer's rules ---------------------------------------------------------------------
-def store(run, rollouts: list[Rollout], gen: dict) -> None:
+def store(run, rollouts: list[Rollout], gen: dict) -> int:
     """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
-    drops), counted; the optimizer steps it makes due (with S: K for every S new ones)."""
+    drops), counted, its row. Returns the optimizer steps it makes due, as in the synchronous
+    loop: K once the buffer holds B (--lockstep, and S = 0), K for every S new rollouts stored
+    (S); with --step-when-held one (the trainer steps on while it waits for the next round)."""
     cfg, state = run.cfg, run.state
     state.round += 1
     stored = run.buffer.add(rollouts)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), len(rollouts) // cfg.num_generations,
                        gen["reward_errors"], stored)
-    state.new_since_step += stored
-    S = cfg.new_per_update
-    if cfg.lockstep:                            # as the synchronous loop: K updates each round
-        due = len(run.buffer) >= cfg.batch_size
-        state.pending_updates = cfg.updates_per_round if due else 0
-        state.idle_rounds += not due
-    while S and state.new_since_step >= S:
-        state.pending_updates += cfg.updates_per_round
-        state.new_since_step -= S
-    state.round_end_due = True
     run.report.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
                            **report.buffer_counts(run.buffer, state)})
+    held = len(run.buffer) >= cfg.batch_size
+    if cfg.step_when_held:
+        return int(held)
+    if cfg.new_per_update and not cfg.lockstep:     # K for every S new ones
+        state.new_since_step += stored
+        due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)
+        return cfg.updates_per_round * due
+    state.idle_rounds += not held
+    return cfg.updates_per_round if held else 0
 
 
-def take_batch(run, sample_batch, B: int):
-    """sample_batch(run, B). With S = 0 (no --lockstep) the paper's rule acts here: a step is
-    always due, so one update is set due and new_since_step (read by `finished`) reset to 0."""
-    state = run.state
-    if not (run.cfg.new_per_update or run.cfg.lockstep):
-        state.pending_updates, state.new_since_step = 1, 0
-    return sample_batch(run, B)
-
-
-def step_due(run, workers) -> bool:
-    """Whether the trainer steps now: B rollouts in the buffer and, with S or --lockstep, an
-    update due; with S = 0, whenever B are held (rollouts used --max-uses times have left). Never
-    before a round has arrived from the workers: a resumed buffer is not stepped on while they
-    load their models (each rollout's uses stay within --max-uses in any case)."""
-    if len(run.buffer) < run.cfg.batch_size or not workers.delivered:
+def step(run, workers, sample_batch, take_step) -> bool:
+    """One optimizer step on B rollouts from the buffer, if it holds them and a round has arrived
+    (a resumed buffer is not stepped on while the workers load their models); else False. The room
+    the step frees is ordered first (generated during the step); the weights are published every
+    --sync-every steps."""
+    cfg, state = run.cfg, run.state
+    if len(run.buffer) < cfg.batch_size or not workers.delivered:
         return False
-    return run.state.pending_updates > 0 or not (run.cfg.new_per_update or run.cfg.lockstep)
-
-
-def finished(run, workers) -> bool:
-    """The budget is in (rounds or tokens), no round is on its way, and no step is due: with
-    S = 0, one step was taken since the last round arrived."""
-    state = run.state
-    if not budget_spent(run) or workers.outstanding or state.round_end_due:
+    sampled = sample_batch(run, cfg.batch_size)
+    if sampled is None:
         return False
-    if run.cfg.new_per_update or run.cfg.lockstep:
-        return not (state.pending_updates and len(run.buffer) >= run.cfg.batch_size)
-    return state.new_since_step == 0 or len(run.buffer) < run.cfg.batch_size
-
-
-def budget_spent(run) -> bool:
-    state, cfg = run.state, run.cfg
-    return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
+    if not cfg.lockstep:                        # (lockstep: the next round waits for this step)
+        order_rounds(run, workers)              # the room it freed: generated during the step
+    workers.account(state)                      # the time split, into this step's metrics row
+    take_step(run, sampled, cfg.batch_size)     # one optimizer step: the policy's version + 1
+    if state.step % cfg.sync_every == 0:
+        workers.publish(run.model, state.step)
+    return True
 
 
 def rounds_ahead(n_workers: int, batch_size: int, rollouts_per_round: int) -> int:
@@ -172,29 +160,23 @@ def room_for_a_round(run, outstanding: int) -> bool:
 
 
 
-def budget_spent_with(run, outstanding: int) -> bool:
-    """The budget spent once the rounds on their way arrive (rounds; tokens as counted so far)."""
-    state, cfg = run.state, run.cfg
-    return (state.round + outstanding >= cfg.max_rounds
-            or 0 < cfg.max_gen_tokens <= state.gen_tokens)
-
-
 def order_rounds(run, workers) -> None:
     """Orders for the workers, a round's P prompts each (drawn from the run's prompt stream, here,
     so a checkpoint keeps it): while the buffer has room for their rollouts unused
-    (room_for_a_round), at most rounds_ahead of them on their way, until the budget is in. A worker
-    without an order waits: its wait for room. If the trainer has nothing to do without one (no
-    step due, nothing on its way) it orders anyway: an unused rollout evicted is counted
-    (left_by_uses), where waiting for room would never end. --lockstep: one round at a time, once
-    the weights of every step before it are published."""
+    (room_for_a_round), at most rounds_ahead of them on their way, until the budget is in. With
+    none on its way and no step the trainer could take meanwhile, one anyway: an unused rollout
+    evicted is counted (left_by_uses), where waiting for room would never end. --lockstep: one
+    round at a time, once the weights of every step before it are published."""
     cfg, state = run.cfg, run.state
     workers.trainer_at(state.step)              # a worker past --max-lag waits on it
     ahead = rounds_ahead(cfg.generators, cfg.batch_size, cfg.rollouts_per_round)
     while (workers.outstanding < ahead
-           and not budget_spent_with(run, workers.outstanding)
-           and (room_for_a_round(run, workers.outstanding)
-                or (workers.outstanding == 0 and not step_due(run, workers)))):
-        if cfg.lockstep and (workers.outstanding or workers.published < state.step
-                             or state.pending_updates):
+           and state.round + workers.outstanding < cfg.max_rounds
+           and not 0 < cfg.max_gen_tokens <= state.gen_tokens):
+        idle = workers.outstanding == 0 and not (cfg.step_when_held
+                                                 and len(run.buffer) >= cfg.batch_size)
+        if not (room_for_a_round(run, workers.outstanding) or idle):
+            return
+        if cfg.lockstep and (workers.outstanding or workers.published < state.step):
             return                          # the weights of every step before it, published
         workers.order(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))

@@ -27,11 +27,11 @@ import torch
 import async_rl
 import rollout
 import tasks
-from buffer import ReplayBuffer
+from buffer import ReplayBufferWithVariants
 from infra import checkpoint, cli, distributed, engineered_update, loading, report, runfolder
 from infra import stopping
 from infra.checkpoint import LoopState      # the loop's counters, kept by a checkpoint
-from infra.round_end import end_of_round, evaluate, finish, save
+from infra.round_end import budget_spent, end_of_round, eval_due, evaluate, finish, save
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
 def opt(default, help, **kw):
@@ -48,7 +48,7 @@ class Config:
     warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
         "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
-        "in demo.safetensors, demo_columns.safetensors)")
+        "in demo/ and infra/demo_columns.safetensors)")
     task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' "
         "(embedded, 3-4 digit sums, the written work first), 'sums' (2-digit sums in words, for a "
         "real model such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or "
@@ -134,10 +134,14 @@ class Config:
         "more than this many steps behind the trainer waits for the next publish before it "
         "generates (the weights a round starts from; a rollout's age when trained: --max-age); "
         "0 = no wait")
+    step_when_held: bool = opt(False, "with --generators: the paper's trainer, a step whenever the "
+        "buffer holds B (K and S play no part), so the two speeds set the replay ratio, up to "
+        "--max-uses; without it the steps follow rounds as in the synchronous loop")
     lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
         "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
     max_uses: int = opt(4, "with --generators: a rollout used this many times leaves the buffer "
-        "(no pause of generation turns into unbounded reuse); 0 = no cap, as the paper")
+        "(with --step-when-held, no pause of generation turns into unbounded reuse); 0 = no cap, "
+        "as the paper")
     worker_timeout: float = opt(60.0, "with --generators: a worker with no sign of life for this "
         "many seconds (stopped, hung) ends the run, saved; 0 = never")
     # checkpoints and failures
@@ -165,7 +169,7 @@ class Run:
     tokenizer: object
     reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
     optimizer: torch.optim.Optimizer
-    buffer: ReplayBuffer            # this process's shard
+    buffer: ReplayBufferWithVariants    # this process's shard
     rng: random.Random              # the prompt stream (the same in every process)
     out: str                        # the run folder
     state: LoopState
@@ -190,87 +194,47 @@ def main(argv=None) -> dict:
 def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
     """The loop of the README: each round generate, add to the buffer, K updates once it holds B
-    (with S: S new ones); eval, save. Any ending (the first Ctrl-C, an error) saves the run at its
-    last safe point (stopping.py); --resume continues a round a stop cut short (rounds)."""
+    (with S: S new ones), eval when due; a checkpoint when due. Any ending (the first Ctrl-C, an
+    error) saves the run as the round under way began, and --resume does that round again
+    (stopping.py). --generators: async_rl.py's loop instead."""
     run = setup(cfg, task, saved, stop)
-    K, B, S = cfg.updates_per_round, cfg.batch_size, cfg.new_per_update
-    # replay_rl.update_step's step: by default engineered (--logp-chunk 256: log-probs 256 tokens
-    # at a time, the same values up to rounding); --logp-chunk 0, no other engineering flag:
-    # update_step itself
-    update_step = engineered_update.update_step_for(cfg, run.state.world_size)
-    with stop.keeping(run, save):               # an ending: a checkpoint, one line, how to resume
-        if cfg.generators:                      # the paper's async system: worker processes
+    state, K = run.state, cfg.updates_per_round
+    # this process's share of B and S (all of them, alone; under torchrun B/W and S/W)
+    B, S = distributed.share_size(cfg.batch_size), distributed.share_size(cfg.new_per_update)
+    # replay_rl.update_step, unless --micro-batch-size, float16 or torchrun ask for the engineered
+    # step (infra/engineered_update.py: the same step, tested equal)
+    update_step = engineered_update.update_step_for(cfg, state.world_size)
+    with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
+        if cfg.generators:                  # the paper's async system: worker processes
             async_rl.train_async(run, sample_batch, functools.partial(take_step, update_step))
             stop_if_asked(run)
             return finish(run)
-        if run.state.first_accuracy is None:
-            evaluate(run)                       # step 0: before any update
-        for new_round in rounds(run):           # until the budget is spent; a stop saves, exits
-            if new_round:                       # (--resume: first the round a stop cut short)
-                with generating(run):           # cut short by a stop: as if not begun
-                    prompts = draw_prompts(run)                     # P prompts
-                    rollouts, gen = generate(run, prompts)          # G each: log mu, r, A
-                add_to_buffer(run, rollouts, gen, B, S)             # FIFO, N (with S: S new)
-                plan_updates(run, K if holds(run, B, S) else 0, B)  # K, once it holds B (S new)
-            for batch_size in updates(run):     # the K planned (resumed: those left)
-                if (sampled := sample_batch(run, batch_size)) is None:  # too few: the rest lapse
-                    break
-                with training(run):
-                    metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
-                record_step(run, metrics, batch_size)               # version + 1; its row
-            end_of_round(run)                   # eval, progress bar, checkpoint when due
-        return finish(run)                      # the last eval and checkpoint, the adapter
-
-
-def rounds(run: Run):
-    """The loop's `each round` while the budget lasts, as a generator: yields whether the round is
-    a new one (after --resume, a round a stop cut short comes first, its updates or its end still
-    due); after each round, a stop asked for saves and exits (stop_if_asked)."""
-    state = run.state
-    while state.pending_updates or state.round_end_due or not budget_spent(run):
-        yield not (state.pending_updates or state.round_end_due)
-        stop_if_asked(run)
-
-
-def plan_updates(run: Run, K: int, B: int) -> None:
-    """The round's K updates of B rollouts each, kept in the loop state (a checkpoint between
-    two of them resumes the rest); a round without one has its metrics row here."""
-    state = run.state
-    state.pending_updates, state.round_batch_size, state.round_end_due = K, B, True
-    state.idle_rounds += not K
-    if not K:
-        run.report.row(state, {**state.round_stats, "updates": 0,
-                               **report.buffer_counts(run.buffer, state)})
-
-
-def updates(run: Run):
-    """The loop's `K times`: yields the round's B once per update planned (plan_updates), counting
-    each down once taken; before each, a stop asked for saves and exits."""
-    state = run.state
-    while state.pending_updates:
-        stop_if_asked(run)
-        yield state.round_batch_size
-        state.pending_updates -= 1
-
-
-@contextlib.contextmanager
-def generating(run: Run):
-    """A round's generation: its count and time; cut short by a stop (stopping.abortable), the
-    round counter and the prompt and RNG streams are put back, as not begun."""
-    report.reset_peak_memory(run.model)
-    run.model.eval()
-    with run.stop.abortable(run.state, run.rng), report.timed(run.state, "gen"):
-        run.state.round += 1
-        yield
-    run.model.train()   # safe for the ratios: load_policy set dropout to 0 (trains as it samples)
-
-
-@contextlib.contextmanager
-def training(run: Run):
-    """An optimizer step's time and peak memory."""
-    with report.timed(run.state, "train"):
-        yield
-    report.peak_memory(run.state.round_stats, "train", run.model)
+        if state.first_accuracy is None:
+            with stop.round(run):
+                evaluate(run)               # step 0: before any update
+        while not budget_spent(run):
+            with stop.round(run):           # a stop in it: saved as it began, done again on resume
+                state.round += 1
+                prompts = draw_prompts(run)                 # P prompts
+                rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
+                add_to_buffer(run, rollouts, gen, B, S)     # FIFO, N (with S: at most S new)
+                if holds(run, B, S):                        # B held (with S: S new ones)
+                    for k in range(K):
+                        batch = sample_batch(run, B)        # B, uniformly; None: too few left
+                        if batch is None:                   # (--no-reuse, --max-age): the rest
+                            state.lapsed_updates += K - k   # lapse, counted
+                            break
+                        with report.timed(state, "train"):
+                            metrics = update_step(run.model, run.optimizer, batch,
+                                                  **step_args(run))
+                        record_step(run, metrics, cfg.batch_size)   # version + 1; its row
+                else:
+                    record_idle_round(run)
+                if eval_due(run):
+                    evaluate(run)
+            end_of_round(run)               # the progress bar, a checkpoint when due
+            stop_if_asked(run)              # a stop between rounds: saved here
+        return finish(run)                  # the last eval and checkpoint, the adapter
 
 
 def draw_prompts(run: Run) -> list[str]:
@@ -279,13 +243,19 @@ def draw_prompts(run: Run) -> list[str]:
 
 
 def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
-    """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts)."""
-    cfg = run.cfg
+    """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts),
+    in eval mode (no dropout), timed."""
+    cfg, state = run.cfg, run.state
     errors_before = run.reward_fn.errors
-    rollouts, gen = rollout.generate_rollouts(
-        run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
-        max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-        temperature=cfg.temperature, top_p=cfg.top_p, policy_version=run.state.step, fast=run.fast)
+    report.reset_peak_memory(run.model)
+    run.model.eval()
+    with report.timed(state, "gen"):
+        rollouts, gen = rollout.generate_rollouts(
+            run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
+            temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step,
+            fast=run.fast)
+    run.model.train()       # for the steps (gradient checkpointing); load_policy zeroed dropout
     return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
 
@@ -295,7 +265,7 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
     than the S new ones that make the updates due, or than the buffer lacks of the B it must
     hold, whichever is more (the rest of the round is dropped, counted)."""
     state = run.state
-    room = max(distributed.share_size(S) - fresh(run), must_hold(run, B) - len(run.buffer))
+    room = max(S - fresh(run), must_hold(run, B) - len(run.buffer))
     stored = run.buffer.add(rollouts, limit=room if S else None)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
@@ -303,16 +273,16 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
 
 
 def holds(run: Run, B: int, S: int) -> bool:
-    """Whether the updates are due: the buffer holds B (before the first, --learning-starts if
-    more) and, with S, S rollouts of the current policy; in every process, its share of each."""
-    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= distributed.share_size(S)
+    """Whether the round's updates are due: the buffer holds B (before the first update,
+    --learning-starts if more) and, with S, S rollouts of the current policy; in every process."""
+    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= S
     return distributed.every_rank(due)
 
 
 def must_hold(run: Run, B: int) -> int:
-    """This process's share of B, or before the first update of --learning-starts if more."""
+    """B, or before the first update --learning-starts (this process's share) if more."""
     first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
-    return max(distributed.share_size(B), first)
+    return max(B, first)
 
 
 def fresh(run: Run) -> int:
@@ -320,36 +290,36 @@ def fresh(run: Run) -> int:
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
 
-def sample_batch(run: Run, batch_size: int) -> list | None:
-    """B rollouts sampled uniformly from the buffer (B/W from each of W processes, their uses
-    counted), or None: too few are left (used once with --no-reuse, or older than --max-age);
-    the updates due then lapse, counted (lapsed_updates, in the end-of-run summary)."""
+def sample_batch(run: Run, B: int) -> list | None:
+    """B rollouts sampled uniformly from the buffer, their uses counted, or None: too few are left
+    (used once with --no-reuse, or older than --max-age), in any process. Async: a rollout used
+    --max-uses times leaves."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    my_batch = distributed.share_size(batch_size)
-    if not distributed.every_rank(len(run.buffer) >= my_batch):
-        state.lapsed_updates += state.pending_updates
-        state.pending_updates = 0
+    if not distributed.every_rank(len(run.buffer) >= B):
         return None
-    cap, held = cfg.generators and cfg.reuse and cfg.max_uses, len(run.buffer)   # async: a cap
-    sampled = run.buffer.sample(my_batch, remove=not cfg.reuse, max_uses=cap or None,
+    cap = cfg.max_uses if cfg.generators and cfg.reuse and cfg.max_uses else None
+    held = len(run.buffer)
+    sampled = run.buffer.sample(B, remove=not cfg.reuse, max_uses=cap,
                                 policy_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if cap else 0
     return sampled
 
 
 def step_args(run: Run) -> dict:
-    """update_step's keyword arguments: the loss's settings and the policy's version now."""
+    """update_step's keyword arguments: the loss's settings, the policy's version now, and the
+    function that gives log pi_theta (--logp-chunk: chunked_completion_logp; 0: completion_logp)."""
     cfg = run.cfg
     return dict(pad_id=run.tokenizer.pad_token_id, policy_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
-                normalization=cfg.normalization, asymre_tau=cfg.asymre_tau)
+                normalization=cfg.normalization, asymre_tau=cfg.asymre_tau,
+                logp_fn=engineered_update.logp_fn(cfg.logp_chunk))
 
 
 def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
     """The loop's step as one call, for async_rl: update_step, timed, recorded."""
-    with training(run):
+    with report.timed(run.state, "train"):
         metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
     record_step(run, metrics, batch_size)
 
@@ -360,6 +330,7 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
     cfg, state = run.cfg, run.state
     state.step += 1
     report.count_step(state, metrics, batch_size)
+    report.peak_memory(state.round_stats, "train", run.model)
     run.report.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
                            **report.buffer_counts(run.buffer, state),
                            "lr": run.optimizer.param_groups[0]["lr"]})
@@ -369,13 +340,15 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
                              "reward")
 
 
-def budget_spent(run: Run) -> bool:
-    state, cfg = run.state, run.cfg
-    return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
+def record_idle_round(run: Run) -> None:
+    """A round without updates (the buffer held fewer than B, or not S new ones): its row."""
+    run.state.idle_rounds += 1
+    run.report.row(run.state, {**run.state.round_stats, "updates": 0,
+                               **report.buffer_counts(run.buffer, run.state)})
 
 
 def stop_if_asked(run: Run) -> None:
-    """At a safe point: if a signal asked to stop, save the run and exit (stopping.StopRequest)."""
+    """Between rounds: if a signal asked to stop, save the run and exit (stopping.StopRequest)."""
     if run.stop.requested():
         run.stop.end(run, save)
 
@@ -396,11 +369,11 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     # beta2 0.99: the second moment follows the gradient's scale within ~100 steps as the policy and
     # its rewards move; no weight decay (it would pull the adapter back to the base)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    buffer = ReplayBuffer(distributed.share_size(cfg.buffer_size), max_age=cfg.max_age or None,
-                          seed=cfg.seed + rank, keep_correct_frac=cfg.keep_correct_frac,
-                          skip_zero_advantage=cfg.skip_zero_advantage, loss_type=cfg.loss,
-                          beta=cfg.beta)
-    state = LoopState(round_batch_size=cfg.batch_size, world_size=world,
+    buffer = ReplayBufferWithVariants(
+        distributed.share_size(cfg.buffer_size), seed=cfg.seed + rank, max_age=cfg.max_age or None,
+        keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage,
+        loss_type=cfg.loss, beta=cfg.beta)
+    state = LoopState(world_size=world,
                       next_eval_tokens=cli.next_eval_tokens(cfg, 0))
     reward_fn = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, random.Random(cfg.seed),

@@ -16,8 +16,10 @@ same B, lr and budget of generated tokens:
   on_policy        the synchronous loop, S = B = N: a step once B new rollouts are stored
   async_on_policy  one worker (--generators 1), S = B = N: each rollout used once, the step and
                    the next rounds' generation overlap
-  async_replay     one worker, N = 2B, S = 0: the paper's sampler, the trainer stepping on the
-                   buffer whenever it can; each rollout used as often as the two rates allow
+  async_replay     one worker, N = 2B, --step-when-held: the paper's sampler, the trainer stepping
+                   on the buffer whenever it holds B; each rollout used as often as the two rates
+                   allow. (The committed runs predate the flag: then --generators with S = 0 meant
+                   this; their records keep the flags they ran with.)
 Runs go one at a time (--jobs 1): an async run's two processes take both cores, and wall seconds
 count only from a run with nothing else on the cores. The first three settings' clocks favoured
 async (issue 59): their synchronous runs had one thread against the async runs' two processes,
@@ -73,7 +75,8 @@ def arms(shared: str, B: int, uncapped: bool = False) -> dict[str, str]:
     cap = " --max-uses 0" if uncapped else ""
     return {"on_policy": on_policy,
             "async_on_policy": f"--generators 1 {on_policy}",
-            "async_replay": f"--generators 1 {shared} --batch-size {B} --buffer-size {2 * B}{cap}"}
+            "async_replay": f"--generators 1 --step-when-held {shared} --batch-size {B} "
+                            f"--buffer-size {2 * B}{cap}"}
 
 
 def compare_argv(setting: str) -> list[str]:

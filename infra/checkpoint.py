@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from buffer import buffer_state, load_buffer_state
 from infra import distributed
 from infra import runfolder
 
@@ -48,9 +49,6 @@ class LoopState:
     skipped_in_a_row: int = 0       # the latest run of them (--max-skipped-steps ends the run)
     reward_errors: int = 0          # rewards that raised, scored 0 (--on-reward-error zero)
     eval_reward_errors: int = 0     # the same during evals
-    pending_updates: int = 0        # updates the current round has still to take
-    round_end_due: bool = False     # its end (eval, checkpoint) too: a stop cut its eval short
-    round_batch_size: int = 0       # B of the current round's updates (--resume may change B)
     lapsed_updates: int = 0         # updates dropped: too few rollouts unused or young enough
     rollouts_generated: int = 0     # rollouts sampled (all processes)
     rollouts_stored: int = 0        # of them stored in the buffer (the filter, S's cap: fewer)
@@ -90,6 +88,16 @@ class Checkpoint:
 
 class Damaged(Exception):
     """A checkpoint file that does not read back, as 'file (reason)'."""
+
+
+class NewerVersion(Exception):
+    """A checkpoint written by a newer version of this code (its loop state has a field this one
+    does not know): never damaged, never skipped for an older one; resumed by that version."""
+
+
+# Loop-state fields of earlier versions, dropped when their checkpoints are read: a round cut short
+# was saved mid-round then (its updates still to take); now every checkpoint is a round's end.
+RETIRED_FIELDS = ("pending_updates", "round_end_due", "round_batch_size")
 
 
 def rounds(run_dir: str) -> list[int]:
@@ -173,6 +181,12 @@ def read(path: str, check=None) -> Checkpoint:
             return list(f.keys())
 
     saved = reading("state.json", read_json)
+    if isinstance(saved, dict) and isinstance(saved.get("state"), dict):
+        known = {f.name for f in dataclasses.fields(LoopState)} | set(RETIRED_FIELDS)
+        if newer := sorted(set(saved["state"]) - known):
+            raise NewerVersion(f"{path.rstrip('/')} was written by a newer version of replay-rl "
+                               f"(its loop state has {newer[0]!r}, which this version does not "
+                               "know): resume it with the version that wrote it")
     if problem := saved_problem(saved):
         raise Damaged(f"state.json ({problem})")
     adapter = reading("adapter/adapter_model.safetensors", load_file)
@@ -195,12 +209,13 @@ def read(path: str, check=None) -> Checkpoint:
 
 
 def upgraded(state: dict, config: dict) -> dict:
-    """A loop state as state.json holds it, with the fields that older checkpoints lack: the
-    batch size of the round, the rollouts generated (R per round), stored (all of them: exact
+    """A loop state as state.json holds it, without the fields earlier versions kept
+    (RETIRED_FIELDS), with those that older checkpoints lack: the rollouts generated (R per round), stored (all of them: exact
     without --skip-zero-advantage) and trained so far (B per step), zero lapsed updates and eval
     reward errors, one process."""
     B, R = config["batch_size"], config.get("prompts_per_round", 0) * config.get("num_generations", 0)
-    return {"round_batch_size": B, "rollouts_trained": state["step"] * B, "lapsed_updates": 0,
+    state = {k: v for k, v in state.items() if k not in RETIRED_FIELDS}
+    return {"rollouts_trained": state["step"] * B, "lapsed_updates": 0,
             "rollouts_generated": state["round"] * R, "rollouts_stored": state["round"] * R,
             "eval_reward_errors": 0, "world_size": 1, **state}
 
@@ -233,6 +248,8 @@ def saved_problem(saved) -> str | None:
                 "bool": isinstance(value, bool), "dict": isinstance(value, dict),
                 "list": isinstance(value, list) and all(
                     isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)}
+        if kind is None and name in RETIRED_FIELDS:     # an earlier version's: upgraded drops it
+            continue
         if kind is None:
             return f"the loop state has an unknown field {name!r}"
         if not fits.get(kind, True):
@@ -400,7 +417,7 @@ def swap_in(new: str, final: str, old: str) -> None:
 
 
 def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, rng,
-         torch_rng: dict | None = None) -> str:
+         torch_rng: dict | None = None, weights: dict | None = None) -> str:
     """Write everything needed to continue exactly, atomically: into a hidden temporary folder
     first, state.json last, then renamed in (``swap_in``: a round saved again replaces its folder
     only once the new one is whole). A crash or a kill at any moment leaves a complete checkpoint
@@ -410,7 +427,9 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
     the run's own process saves (runfolder.check_writer: not a child forked from it). Every rank
     calls it (each writes its buffer shard and RNG state). state: the loop state (its round names
     the folder); config: the run's (keep_checkpoints: how many stay); rng: the prompt stream;
-    torch_rng: torch's RNG streams to save (rng_states(); default: as they are now)."""
+    torch_rng: torch's RNG streams to save (rng_states(); default: as they are now); weights: the
+    trainable weights to save by name (default: the model's own); optimizer: an optimizer, or its
+    state_dict (a copy taken earlier)."""
     from safetensors.torch import save_file
 
     runfolder.check_writer(run_dir)
@@ -435,12 +454,13 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
                 shutil.rmtree(old, ignore_errors=True)
                 os.makedirs(tmp)
             distributed.barrier()
-            save_file(buffer.state_dict(), to(shard_name("buffer", distributed.rank())))
+            save_file(buffer_state(buffer), to(shard_name("buffer", distributed.rank())))
             save_file(torch_rng or rng_states(), to(shard_name("rng", distributed.rank())))
             distributed.barrier()
             if distributed.is_main():   # weights and optimizer state: the same on every rank
-                model.save_pretrained(to("adapter"))
-                torch.save(optimizer.state_dict(), to("optimizer.pt"))
+                model.save_pretrained(to("adapter"), **({"state_dict": weights} if weights else {}))
+                torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
+                           to("optimizer.pt"))
                 with open(to("state.json"), "w") as f:
                     json.dump({"state": state, "python_rng": rng.getstate(), "config": config}, f)
     except BaseException:               # a second Ctrl-C, an error: nothing half-written stays
@@ -523,7 +543,7 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     optimizer.load_state_dict(saved.optimizer)
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
-    buffer.load_state_dict(saved.buffer, temperature=saved.config.get("temperature", 1.0))
+    load_buffer_state(buffer, saved.buffer, temperature=saved.config.get("temperature", 1.0))
     set_rng_states(saved.rng)
     version, internal, gauss = saved.python_rng
     rng.setstate((version, tuple(internal), gauss))

@@ -208,13 +208,15 @@ def resume_point(path: str, parser, config_class) -> checkpoint.Checkpoint:
     if found is None:
         parser.error(f"--resume {path}: no checkpoint there (a checkpoint-<round> folder with "
                      "state.json)")
-    if found != path.rstrip("/"):                   # a run folder
-        saved = checkpoint.newest_readable(path, check)
-        if saved is None:
-            parser.error(f"--resume {path}: {checkpoint.no_intact_checkpoint(path)}")
-        return saved
     try:
+        if found != path.rstrip("/"):                   # a run folder
+            saved = checkpoint.newest_readable(path, check)
+            if saved is None:
+                parser.error(f"--resume {path}: {checkpoint.no_intact_checkpoint(path)}")
+            return saved
         return checkpoint.read(found, check)
+    except checkpoint.NewerVersion as e:
+        parser.error(f"--resume: {e}")
     except checkpoint.Damaged as e:
         parser.error(f"--resume {found}: damaged checkpoint, {e}; --resume "
                      f"{os.path.dirname(found)} takes the newest intact one")
@@ -341,7 +343,8 @@ def async_problem(cfg) -> str | None:
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
     if not cfg.generators:
-        given = [f for f in ("generator_devices", "lockstep", "max_lag") if getattr(cfg, f)]
+        given = [f for f in ("generator_devices", "lockstep", "max_lag", "step_when_held")
+                 if getattr(cfg, f)]
         return (f"--{given[0].replace('_', '-')}: only with --generators 1 or more" if given
                 else None)
     if cfg.learning_starts:
@@ -360,16 +363,15 @@ def async_problem(cfg) -> str | None:
         return (f"--buffer-size {cfg.buffer_size}: with --generators every round is stored whole, "
                 f"so the buffer must hold one (prompts_per_round x num_generations = "
                 f"{cfg.rollouts_per_round})")
-    if cfg.updates_per_round != 1 and not (cfg.new_per_update or cfg.lockstep):
-        return (f"--updates-per-round {cfg.updates_per_round} with --generators and S = 0: the "
-                "trainer steps whenever B are in, not K times a round; give --new-per-update S "
-                "(K steps per S new rollouts) or K = 1")
+    if cfg.step_when_held and (cfg.updates_per_round != 1 or cfg.new_per_update or cfg.lockstep):
+        return ("--step-when-held: the trainer steps whenever B are held, so --updates-per-round, "
+                "--new-per-update and --lockstep play no part: give none of them")
     if cfg.lockstep and (cfg.sync_every != 1 or cfg.new_per_update):
         return ("--lockstep: K updates after each round, with the weights published after every "
                 "step, as the synchronous loop: use it with --sync-every 1 and --new-per-update 0")
-    if cfg.max_lag and cfg.new_per_update:
-        return (f"--max-lag {cfg.max_lag} with --new-per-update: a worker would wait for weights "
-                "the trainer publishes only after steps that wait for that worker's rollouts")
+    if cfg.max_lag and not cfg.step_when_held:
+        return (f"--max-lag {cfg.max_lag} without --step-when-held: a worker would wait for "
+                "weights the trainer publishes only after steps that wait for rounds")
     if cfg.max_lag and cfg.max_lag >= cfg.sync_every - 1:
         return (f"--max-lag {cfg.max_lag} with --sync-every {cfg.sync_every}: never waits (the "
                 f"published weights are at most {cfg.sync_every - 1} steps behind the trainer); "

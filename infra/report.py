@@ -400,15 +400,8 @@ def async_lines(state, n_workers: int) -> list[str]:
 
 
 def resumed(cfg, state, saved_config: dict) -> None:
-    """What a resume continues from; an interrupted round finishes with its saved B and K."""
+    """What a resume continues from: the end of a round, the next one begins."""
     say(cfg, f"resumed from {cfg.resume}: round {state.round}, step {state.step}")
-    B, K = cfg.batch_size, cfg.updates_per_round
-    changed = state.round_batch_size != B or saved_config["updates_per_round"] != K
-    if state.pending_updates and changed:
-        # The interrupted round's updates were decided with the saved B and K: they finish so.
-        say(cfg, f"the interrupted round finishes its {state.pending_updates} remaining update(s) "
-            f"with the saved B={state.round_batch_size}; --batch-size {B} / --updates-per-round "
-            f"{K} apply from round {state.round + 1}")
 
 
 # Replay (y = 2) against on-policy on SmolLM2-135M, sums, compute to first reach 0.45 (10 seeds):
@@ -437,7 +430,7 @@ def summary(cfg, state, run_dir: str) -> None:
             f"/ to train on one")
         say(cfg, f"replay (y = 2) broke even with on-policy at a cost ratio of {BREAK_EVEN} on "
             f"SmolLM2-135M (the mean of 10 seeds; replay cost more below {COSTS_MORE_BELOW} and "
-            f"saved at no ratio, at 90%; docs/results.md): this run's is "
+            f"a saving was detected at no ratio, at 90%; docs/results.md): this run's is "
             f"{'below' if cost_ratio < BREAK_EVEN else 'above'} it")
     for line in reuse_lines(state) + (async_lines(state, cfg.generators) if cfg.generators else []):
         say(cfg, line)

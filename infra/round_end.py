@@ -11,7 +11,8 @@ from infra import checkpoint, cli, distributed, loading, report
 
 
 def evaluate(run) -> float:
-    """Greedy accuracy on the held-out prompts (each process scores its share); an eval line."""
+    """Greedy accuracy on the held-out prompts (each process scores its share); an eval line; the
+    next eval's token count (--eval-every-tokens, --eval-at-tokens)."""
     state, task = run.state, run.task
     prompts = task.eval_prompts[:run.cfg.eval_prompts]
     mine = distributed.share(prompts)
@@ -20,8 +21,8 @@ def evaluate(run) -> float:
     fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     with run.pause_workers():           # async: nothing generated while the clock stands
-        # cut short: nothing of it kept (its time neither), a resume evaluates again
-        with run.stop.abortable(), report.timed(state, "eval"):
+        # cut short (async, outside a round): nothing of it kept, a resume evaluates again
+        with run.stop.abortable(state), report.timed(state, "eval"):
             means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
                 run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
         run.model.train()
@@ -29,22 +30,30 @@ def evaluate(run) -> float:
         run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
         with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
             run.report.curves()
+    state.next_eval_tokens = cli.next_eval_tokens(run.cfg, state.gen_tokens)
     return state.last_accuracy
 
 
-def end_of_round(run) -> None:
-    """Eval when due, the progress bar, a checkpoint when due."""
+def eval_due(run) -> bool:
+    """Whether this round ends with an eval: every --eval-every rounds, or once the generated
+    tokens reach the next of --eval-every-tokens / --eval-at-tokens (runs' curves line up)."""
     cfg, state = run.cfg, run.state
-    if cfg.eval_every_tokens or cfg.eval_at_tokens:     # fixed token counts: runs' curves line up
-        if state.gen_tokens >= state.next_eval_tokens:
-            evaluate(run)
-            state.next_eval_tokens = cli.next_eval_tokens(cfg, state.gen_tokens)
-    elif state.round % cfg.eval_every == 0:
-        evaluate(run)
-    state.round_end_due = False
-    run.report.progress(state)
-    if cfg.save_every and state.round % cfg.save_every == 0:
+    if cfg.eval_every_tokens or cfg.eval_at_tokens:
+        return state.gen_tokens >= state.next_eval_tokens
+    return state.round % cfg.eval_every == 0
+
+
+def end_of_round(run) -> None:
+    """The progress bar; a checkpoint when due (--save-every)."""
+    run.report.progress(run.state)
+    if run.cfg.save_every and run.state.round % run.cfg.save_every == 0:
         save(run)
+
+
+def budget_spent(run) -> bool:
+    """The run's budget is in: --max-rounds rounds, or --max-gen-tokens generated tokens."""
+    state, cfg = run.state, run.cfg
+    return state.round >= cfg.max_rounds or 0 < cfg.max_gen_tokens <= state.gen_tokens
 
 
 def save(run) -> str:
@@ -56,7 +65,8 @@ def finish(run) -> dict:
     """The last eval and checkpoint, the adapter, and the end-of-run summary."""
     state = run.state
     if state.last_eval_round != state.round:
-        evaluate(run)
+        with run.stop.round(run):       # a stop in it: saved before it, done again on resume
+            evaluate(run)
     save(run)
     run.report.close()
     checkpoint.save_adapter(run.model, os.path.join(run.out, "adapter"))

@@ -1,9 +1,8 @@
-"""How a run that stops goes on. The first Ctrl-C / SIGTERM / SIGHUP (StopRequest) stops the loop
-at its next safe point, which saves a checkpoint and names the command that resumes it; every
+"""How a run that stops goes on. The first Ctrl-C / SIGTERM / SIGHUP (StopRequest) cuts the round
+under way short and saves the run as that round began, naming the command that resumes it; every
 other ending does the same (StopRequest.end: a reward's error, an exception, SystemExit or
-KeyboardInterrupt raised by code). What cannot wait (a step longer than the grace, a reward that
-catches the stop or ignores its time limit) has the run saved as it was at its last safe point,
-from the watchdog thread. Only the run's own process stops so and saves: a process forked from it
+KeyboardInterrupt raised by code). What cannot wait (a step that hangs, a reward that catches the
+stop or ignores its time limit) has the round's start saved from the watchdog thread. Only the run's own process stops so and saves: a process forked from it
 (a reward's child) behaves as if no handler were installed and writes nothing into the run folder.
 A second signal exits at once, naming how the run goes on (how_to_go_on, disk_full_message).
 """
@@ -28,7 +27,18 @@ import torch
 from infra import checkpoint
 from infra import distributed
 from infra import runfolder
-from infra.checkpoint import find, rng_states, set_rng_states
+from infra.checkpoint import find, rng_states
+
+
+def to_cpu(value):
+    """A state_dict's tensors on the CPU (nested dicts and lists kept), for a copy of it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
 
 
 def disk_full_message(e: runfolder.DiskFull) -> str:
@@ -44,9 +54,9 @@ def disk_full_message(e: runfolder.DiskFull) -> str:
 
 
 class Interrupted(BaseException):
-    """A generation or an eval cut short by the first Ctrl-C / SIGTERM (StopRequest.abortable).
-    The loop puts back what it held before that phase and saves: a resume does it again. A
-    BaseException, so that a reward's ``except Exception`` cannot swallow it."""
+    """A round (or an eval) cut short by the first Ctrl-C / SIGTERM (StopRequest.round): the run is
+    saved as the round began, and a resume does it again. A BaseException, so that a reward's
+    ``except Exception`` cannot swallow it."""
 
 
 def how_to_go_on(run_dir: str | None) -> str:
@@ -141,17 +151,19 @@ def main(config_class, train, argv, doc: str) -> dict:
 
 
 class StopRequest:
-    """The first Ctrl-C / SIGTERM / SIGHUP: stop at the next safe point and save a checkpoint
-    there. A generation or an eval under way is cut short at once (it runs inside ``abortable``,
-    which raises Interrupted; the loop saves the state from before it, and a resume does it
-    again); an optimizer step is let finish. What does not end within ``grace`` seconds (a step
-    longer than that, a reward that catches the stop) is given up (``give_up``): the state at the
-    last safe point (before that step, generation or eval: ``watch``) is saved from the watchdog
-    thread and the process exits; a resume does it again. A second signal exits at once, without
-    saving. Only the process that made the StopRequest (the run's own) stops so: in a process
-    forked from it (a reward's child) the handler does what the signal would do without it. With
-    torchrun nothing is cut short and the watchdog saves nothing (every process must reach the
-    same collectives): each finishes its phase first."""
+    """The first Ctrl-C / SIGTERM / SIGHUP: the run is saved as it was when the round under way
+    began (``round``), and a resume does that round again, exactly. Inside a round the signal
+    raises Interrupted at once (a generation, a step, an eval: each is cut short; the round's
+    start is the safe point, copied when it began: the loop state, the prompt stream, torch's RNG
+    streams, the buffer, the trainable weights and the optimizer's state). Between rounds (a
+    checkpoint being written) the loop finishes what it does and saves there. What does not return
+    to Python within ``grace`` seconds (a reward stuck in C code, a step that hangs) is given up
+    (``give_up``): the round's start is saved from the watchdog thread and the process exits. A
+    second signal exits at once, without saving. Only the process that made the StopRequest (the
+    run's own) stops so: in a process forked from it (a reward's child) the handler does what the
+    signal would do without it. With torchrun or generation workers nothing is cut short and no
+    round start is copied: the loop saves where it stands at the end of the round (torchrun: every
+    process must reach the same collectives) or at its next step (async)."""
 
     def __init__(self, grace: float | None = None):
         self.owner = os.getpid()        # the run's own process
@@ -160,14 +172,11 @@ class StopRequest:
         if grace is None:               # REPLAY_RL_STOP_GRACE: the tests' shorter grace
             grace = float(os.environ.get("REPLAY_RL_STOP_GRACE", 30))
         self.grace, self.run_dir, self.watchdog, self.fallback = grace, None, None, None
-        self.cutting = False            # inside ``abortable``: the signal raises Interrupted there
+        self.cutting = False            # inside ``round`` or ``abortable``: a signal raises there
         self.second = None              # the second signal, which exits at once
         self.run = None                 # watch(run): the run a give-up saves
         self.lock = threading.RLock()   # held by a save from the watchdog; the loop waits on it
-        self.phase = None               # in ``abortable``: (what, state, prompt stream, torch RNG)
-        self.safe = None                # the run at the last safe point: ``snapshot``
-        self.stepping = False           # the optimizer's own step began since that point
-        self.extended = False           # the grace given once more to an optimizer step
+        self.start = None               # the round under way as it began (``round``), or None
         self.ending = False             # the loop saves its end (``end``): no give-up then
         self.previous = {s: signal.signal(s, self) for s in STOP_SIGNALS}
 
@@ -177,10 +186,9 @@ class StopRequest:
         self.signum = signum
         for s in STOP_SIGNALS:          # a second one: exit at once
             signal.signal(s, self.again)
-        say(f"\n{signal.Signals(signum).name}: stopping at the next safe point to save a "
-            "checkpoint (a generation or an eval under way is cut short and done again on "
-            f"resume; a step gets {self.grace:.0f} s, then the state before it is saved). "
-            "Ctrl-C again to exit at once, without saving")
+        say(f"\n{signal.Signals(signum).name}: stopping to save a checkpoint (a round under way is "
+            f"cut short, saved as it began and done again on resume; what does not stop within "
+            f"{self.grace:.0f} s is given up). Ctrl-C again to exit at once, without saving")
         if self.watchdog is None:
             self.watchdog = threading.Timer(self.grace, self.give_up)
             self.watchdog.daemon = True
@@ -221,104 +229,99 @@ class StopRequest:
 
     def watch(self, run) -> None:
         """From here on a give-up saves ``run`` (train.Run: out, cfg, state, rng, model,
-        optimizer, buffer, reward_fn) as it was at the last safe point: taken now, then at each
-        ``requested()`` (the loop asks before every step) and at the start of each ``abortable``
-        phase. The optimizer tells when its own step begins (after that the weights change), and a
-        reward that ignores its time limit has the run saved the same way (``rescue``)."""
+        optimizer, buffer, reward_fn) as the round under way began; a reward that ignores its time
+        limit has it saved the same way (``rescue``)."""
         self.run, self.run_dir = run, run.out
-        run.optimizer.register_step_pre_hook(self.optimizer_steps)
         run.reward_fn.stuck = self.rescue
-        self.snapshot()
 
-    def snapshot(self) -> None:
-        """The run as it is now, a safe point: the loop state, the prompt stream, torch's RNG
-        streams and the buffer (its rollouts, their use counts, its sampler), copied."""
-        run = self.run
-        if run is None or distributed.world_size() > 1 or getattr(run.cfg, "generators", 0):
-            return
-        buffer = run.buffer
-        with self.lock:
-            self.safe = (dataclasses.asdict(run.state), run.rng.getstate(), rng_states(),
-                         list(buffer.items), [r.uses for r in buffer.items],
-                         buffer.generator.get_state(), list(buffer.left_by_uses))
-            self.stepping = False
-
-    def optimizer_steps(self, optimizer, args, kwargs) -> None:
-        """The optimizer's pre-step hook: the weights change from here to the next safe point.
-        A save from the watchdog under way holds the lock: the step waits (the process exits)."""
-        with self.lock:
-            self.stepping = True
+    def copies_rounds(self) -> bool:
+        """Whether a round's start is copied: one process, the synchronous loop."""
+        return (self.run is not None and distributed.world_size() == 1
+                and not getattr(self.run.cfg, "generators", 0))
 
     @contextlib.contextmanager
-    def abortable(self, state=None, rng=None, what: str | None = None):
-        """A phase the first signal cuts short: within this block it raises Interrupted (at once if
-        a signal came before). Cut short or failed (any exception), it puts back what the phase
-        had changed, as it was when the block began: ``state`` (a dataclass, field by field),
-        ``rng`` (a random.Random) and torch's RNG streams; a save and a resume then see the phase
-        as not begun. what: the phase, in words (default: the generation with a state, else the
-        eval). One process only: with torchrun the block runs to its end."""
-        if distributed.world_size() > 1:
+    def round(self, run):
+        """One round of the loop (or an eval that stands alone, the first and the last): its start
+        copied (``begin_round``), and within it the first signal raises Interrupted at once; any
+        ending inside saves the run as the round began (``end``). One process only: with torchrun
+        or workers the block runs to its end and the loop saves after it."""
+        if not self.copies_rounds():
             yield
             return
-        before = (dataclasses.asdict(state) if state is not None else {},
-                  rng.getstate() if rng is not None else None, rng_states())
+        self.begin_round(run)
+        try:
+            if self.signum is not None:
+                raise Interrupted(signal.Signals(self.signum).name)
+            self.cutting = True
+            yield
+        finally:
+            self.cutting = False
+        with self.lock:                 # a save from the watchdog under way: wait (it exits)
+            self.start = None
+
+    def begin_round(self, run) -> None:
+        """The run as it is now, the round's safe point, copied: the loop state, the prompt stream,
+        torch's RNG streams, the buffer (its rollouts, their use counts, its sampler), and the
+        trainable weights and the optimizer's state (on the CPU: the LoRA weights, a few MB)."""
+        buffer = run.buffer
+        weights = {name: p.detach().to("cpu", copy=True)
+                   for name, p in run.model.named_parameters() if p.requires_grad}
+        optimizer = copy.deepcopy(to_cpu(run.optimizer.state_dict()))
         with self.lock:
-            self.phase = (what or ("the generation" if state is not None else "the eval"),
-                          *before)
+            self.start = (dataclasses.asdict(run.state), run.rng.getstate(), rng_states(),
+                          list(buffer.items), [r.uses for r in buffer.items],
+                          buffer.generator.get_state(), list(buffer.left_by_uses),
+                          weights, optimizer)
+
+    @contextlib.contextmanager
+    def abortable(self, state=None):
+        """A phase the first signal cuts short outside a round (an async run's eval): within this
+        block it raises Interrupted (at once if a signal came before); cut short or failed, it puts
+        ``state`` (a dataclass) back as it was when the block began, field by field. One process
+        only: with torchrun the block runs to its end."""
+        if distributed.world_size() > 1 or self.cutting:     # inside a round: the round's start
+            yield
+            return
+        before = dataclasses.asdict(state) if state is not None else {}
         try:
             if self.signum is not None:
                 raise Interrupted(signal.Signals(self.signum).name)
             self.cutting = True
             yield
         except BaseException:
-            for name, value in before[0].items():
+            for name, value in before.items():
                 setattr(state, name, value)
-            if rng is not None:
-                rng.setstate(before[1])
-            set_rng_states(before[2])
             raise
         finally:
             self.cutting = False
-            with self.lock:             # a save from the watchdog under way: wait (it exits)
-                self.phase = None
 
     def give_up(self) -> None:
-        """What the signal interrupted did not end within the grace: save the run as it was at
-        the last safe point (``rescue``) and exit. An optimizer step under way (its weights half
-        changed) gets the grace once more: the loop saves right after it."""
+        """What the signal interrupted did not stop within the grace: save the run as the round
+        under way began (``rescue``) and exit."""
         with self.lock:
             if self.ending:             # the loop reached its save meanwhile
                 return
-            if self.stepping and self.phase is None and not self.extended:
-                self.extended = True
-                self.watchdog = threading.Timer(self.grace, self.give_up)
-                self.watchdog.daemon = True
-                self.watchdog.start()
-                return
-            self.rescue(f"{self.doing()} did not finish within {self.grace:.0f} s of "
+            self.rescue(f"{self.doing()} did not stop within {self.grace:.0f} s of "
                         f"{signal.Signals(self.signum).name}", 128 + self.signum)
 
     def doing(self) -> str:
         """What the run is doing, in words."""
-        if self.phase is not None:
-            return self.phase[0]
         if self.run is None:
-            return "loading (or building) the model" if self.run_dir is None else "the step"
-        if self.safe is None or self.stepping or not torch.equal(
-                self.safe[5], self.run.buffer.generator.get_state()):
-            return "the step"           # a batch was sampled since the last safe point
-        return "the round's bookkeeping"
+            return "loading (or building) the model" if self.run_dir is None else "the start"
+        if self.start is None:
+            return "the save between two rounds"
+        return f"round {self.start[0]['round'] + 1}" if self.start[0]["first_accuracy"] is not \
+            None else "the first eval"
 
     def rescue(self, reason: str, code: int = 1) -> None:
-        """Exit at once, with one line: ``reason``, and the checkpoint of the run as it was before
-        what is under way (an abortable phase's start, else the last safe point), which a resume
-        does again; or, where no such state is at hand (the optimizer's step under way, loading,
-        torchrun, async), how the run goes on without it. From the watchdog thread, or from a
+        """Exit at once, with one line: ``reason``, and the checkpoint of the run as the round under
+        way began, which a resume does again; or, where there is no such copy (torchrun, async,
+        between rounds), how the run goes on without it. From the watchdog thread, or from a
         reward's time limit (loading.CheckedReward.stuck)."""
         with self.lock:
             what = self.doing()
             try:
-                path = self.save_safe_point()
+                path = self.save_round_start()
             except Exception as e:      # a full disk, say
                 path, reason = None, f"{reason}; its checkpoint could not be saved ({e})"
             if path:
@@ -329,41 +332,31 @@ class StopRequest:
                 say(f"{reason}: exited without saving; {how_to_go_on(self.run_dir)}")
             os._exit(code)
 
-    def save_safe_point(self) -> str | None:
-        """The checkpoint of the run before the phase under way, or at the last safe point if no
-        optimizer step began since; None if there is none such."""
+    def save_round_start(self) -> str | None:
+        """The checkpoint of the run as the round under way began (``begin_round``'s copy), written
+        without touching the live run; None outside a round."""
+        if self.start is None:
+            return None
+        state, prompts, torch_rng, items, uses, sampler, left, weights, optimizer = self.start
         run = self.run
-        if run is None or distributed.world_size() > 1 or getattr(run.cfg, "generators", 0):
-            return None
-        if self.phase is not None:
-            _, state, prompts, torch_rng = self.phase
-            state, prompts = state or dataclasses.asdict(run.state), prompts or run.rng.getstate()
-            buffer = run.buffer         # a phase leaves it alone
-        elif self.safe is not None and not self.stepping:
-            state, prompts, torch_rng, items, uses, sampler, left = self.safe
-            buffer = copy.copy(run.buffer)      # as it was: the loop's own stays as it is
-            buffer.items = [dataclasses.replace(r, uses=n) for r, n in zip(items, uses)]
-            buffer.generator = torch.Generator().set_state(sampler)
-            buffer.left_by_uses = left
-        else:
-            return None
+        buffer = copy.copy(run.buffer)          # as it was: the loop's own stays as it is
+        buffer.items = [dataclasses.replace(r, uses=n) for r, n in zip(items, uses)]
+        buffer.generator = torch.Generator().set_state(sampler)
+        buffer.left_by_uses = left
         rng = random.Random()
-        rng.setstate((prompts[0], tuple(prompts[1]), prompts[2]))
+        rng.setstate(prompts)
         return checkpoint.save(run.out, state, dataclasses.asdict(run.cfg), model=run.model,
-                               optimizer=run.optimizer, buffer=buffer, rng=rng,
-                               torch_rng=torch_rng)
+                               optimizer=optimizer, buffer=buffer, rng=rng, torch_rng=torch_rng,
+                               weights=weights)
 
     def saving(self) -> None:
-        """The step finished: the save that follows may take the time it needs."""
+        """The loop reached its save: it may take the time it needs."""
         if self.watchdog is not None:
             self.watchdog.cancel()
 
     def requested(self) -> bool:
-        """Whether a signal asked to stop, in any process: all stop at the same step, or the others
-        would wait for it forever (a collective: every process asks at the same points). The loop
-        asks before every step: a safe point (``snapshot``)."""
-        if self.signum is None:
-            self.snapshot()
+        """Whether a signal asked to stop, in any process: all stop at the same round, or the
+        others would wait for it forever (a collective: every process asks at the same points)."""
         if self.agreed is None:
             self.agreed = int(distributed.maxima({"signal": self.signum or 0})["signal"]) or None
         return self.agreed is not None
@@ -379,18 +372,17 @@ class StopRequest:
                 and not isinstance(e, (Ended, runfolder.DiskFull, runfolder.NotTheWriter)))
 
     def end(self, run, save, cause: BaseException | None = None) -> None:
-        """The loop's end: ``save(run)`` (the first signal: the loop is at a safe point), or for
-        ``cause`` the last safe point if no optimizer step began since (``save_safe_point``: an
-        error within a step, or after an eval, saves the run before it), then exit with what ended
-        the run, the checkpoint and the command that resumes it (raises Ended): two lines and
-        128 + the signal, or one line and ``exit_code(cause)``. A save that fails too names the
-        cause and how the run goes on (a full disk: its own line)."""
+        """The loop's end: inside a round, the run as the round began (``save_round_start``), else
+        ``save(run)`` as it stands; then exit with what ended the run, the checkpoint and the
+        command that resumes it (raises Ended): two lines and 128 + the signal, or one line and
+        ``exit_code(cause)``. A save that fails too names the cause and how the run goes on (a
+        full disk: its own line)."""
         with self.lock:                 # a give-up under way: wait (it exits); none after this
             self.ending = True
-            self.saving()               # the step finished in time
+            self.saving()
         why = None if cause is None else ending_in_words(cause)
-        try:        # an ending within a step: the run before it (no optimizer step taken since)
-            path = (cause is not None and self.save_safe_point()) or save(run)
+        try:
+            path = self.save_round_start() or save(run)
         except Exception as e:
             if isinstance(e, (runfolder.DiskFull, runfolder.NotTheWriter)):
                 raise
@@ -408,11 +400,11 @@ class StopRequest:
 
     @contextlib.contextmanager
     def keeping(self, run, save):
-        """The loop inside it keeps the run, however it ends: a phase cut short by the first
-        signal (Interrupted) saves the run from before it, and any other ending (a reward's
-        error, an exception, SystemExit or KeyboardInterrupt raised by code, a generation
-        worker that failed) saves it at its last safe point (``end``); a second signal, a
-        process forked from the run, torchrun's other ranks and a full disk exit as they are."""
+        """The loop inside it keeps the run, however it ends: the first signal (Interrupted) and
+        any other ending (a reward's error, an exception, SystemExit or KeyboardInterrupt raised by
+        code, a generation worker that failed) save it (``end``: inside a round, as the round
+        began); a second signal, a process forked from the run, torchrun's other ranks and a full
+        disk exit as they are."""
         try:
             yield
         except Interrupted:

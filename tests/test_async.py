@@ -67,9 +67,9 @@ def test_lockstep_is_the_synchronous_loop_metric_for_metric(tmp_path, tiny_path)
 
 @pytest.mark.slow
 def test_async_on_policy_uses_each_rollout_once_and_replay_throws_nothing_away(tmp_path, tiny_path):
-    """S = B = N: every stored rollout trained on exactly once (none evicted unused). S = 0 (the
-    paper's sampler): every generated rollout stored, none evicted before its first use (the
-    worker waits for room instead), the trainer steps on whatever the buffer holds."""
+    """S = B = N: every stored rollout trained on exactly once (none evicted unused).
+    --step-when-held (the paper's sampler): every generated rollout stored, none evicted before its
+    first use (the worker waits for room instead), the trainer steps on whatever the buffer holds."""
     on_policy, replay = str(tmp_path / "on"), str(tmp_path / "replay")
     train.main(SMALL + ["--max-rounds", "6", "--output-dir", on_policy, "--generators", "1",
                         "--new-per-update", "16"])
@@ -80,7 +80,7 @@ def test_async_on_policy_uses_each_rollout_once_and_replay_throws_nothing_away(t
     assert state["age_max"] <= 1            # generated while the trainer took one step at most
 
     train.main(SMALL + ["--max-rounds", "6", "--output-dir", replay, "--generators", "1",
-                        "--buffer-size", "32", "--max-uses", "0"])     # uncapped: none retire
+                        "--step-when-held", "--buffer-size", "32", "--max-uses", "0"])   # uncapped
     state = final_state(replay)
     assert state["rollouts_generated"] == state["rollouts_stored"] == 6 * 16
     assert state["left_by_uses"][0] == 0 and sum(state["left_by_uses"]) == 6 * 16 - 32
@@ -88,18 +88,19 @@ def test_async_on_policy_uses_each_rollout_once_and_replay_throws_nothing_away(t
 
 
 def test_the_loop_rules_with_a_stand_in_buffer():
-    """S counts stored rollouts: K steps per S new ones (here 3 rounds of 16 at S = 8: 6 steps);
-    the trainer's room rule counts unused rollouts and those on their way against N."""
+    """The steps a round makes due, as in the synchronous loop: K once the buffer holds B (S = 0),
+    K for every S new ones (here 3 rounds of 16 at S = 8: 2 steps each), one with
+    --step-when-held; the trainer's room rule counts unused rollouts and those on their way."""
     from types import SimpleNamespace
-    from buffer import ReplayBuffer, Rollout
+    from buffer import ReplayBufferWithVariants, Rollout
     import torch
 
     cfg = SimpleNamespace(new_per_update=8, updates_per_round=1, lockstep=False, batch_size=16,
                           buffer_size=32, rollouts_per_round=16, num_generations=4,
-                          max_rounds=3, max_gen_tokens=0)
+                          max_rounds=3, max_gen_tokens=0, step_when_held=False)
     state = train.LoopState()
     written = []
-    run = SimpleNamespace(cfg=cfg, state=state, buffer=ReplayBuffer(32),
+    run = SimpleNamespace(cfg=cfg, state=state, buffer=ReplayBufferWithVariants(32),
                           report=SimpleNamespace(row=lambda state, row: written.append(row)))
     one = lambda: Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0, 0.5, 0,
                           baseline=0.5, temperature=1.0)
@@ -107,13 +108,9 @@ def test_the_loop_rules_with_a_stand_in_buffer():
            "completion_len": 1.0, "truncated_frac": 0.0, "reward_errors": 0}
     assert async_rl.room_for_a_round(run, outstanding=1)         # 2 x 16 fit in 32
     assert not async_rl.room_for_a_round(run, outstanding=2)     # 3 x 16: the first evicted
-    async_rl.store(run, [one() for _ in range(16)], gen)
-    assert state.pending_updates == 2 and state.new_since_step == 0 and state.round == 1
+    assert async_rl.store(run, [one() for _ in range(16)], gen) == 2        # S = 8: 16 / 8 = 2
+    assert state.new_since_step == 0 and state.round == 1
     assert written[-1]["updates"] == 0 and written[-1]["buffer_fill"] == 16    # the round's row
-    workers = SimpleNamespace(delivered=False)
-    assert not async_rl.step_due(run, workers)                  # no round in yet (a resume)
-    workers.delivered = True
-    assert async_rl.step_due(run, workers)
     assert async_rl.room_for_a_round(run, outstanding=0)         # 16 + 16 fit
     assert not async_rl.room_for_a_round(run, outstanding=1)     # would evict 16 unused
     run.buffer.items[0].uses = 1
@@ -122,9 +119,13 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     for r in run.buffer.items:
         r.uses = 1
     assert async_rl.room_for_a_round(run, outstanding=1)
-    cfg.new_per_update = 0                                       # S = 0: always due with B in
-    state.pending_updates = 0
-    assert async_rl.step_due(run, workers)
+    cfg.new_per_update, cfg.updates_per_round = 0, 3             # S = 0: K a round, once B held
+    assert async_rl.store(run, [one() for _ in range(16)], gen) == 3
+    cfg.step_when_held, cfg.updates_per_round = True, 1          # the paper's: one, then on
+    assert async_rl.store(run, [one() for _ in range(16)], gen) == 1
+    run.buffer.items = run.buffer.items[:8]
+    cfg.step_when_held = False
+    assert async_rl.store(run, [], gen) == 0 and state.idle_rounds == 1    # fewer than B held
 
 
 def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_worker():
@@ -140,7 +141,7 @@ def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_
     def ordered(R, B, max_rounds=100):
         cfg = types.SimpleNamespace(generators=1, batch_size=B, rollouts_per_round=R, buffer_size=32,
                                     new_per_update=0, lockstep=False, prompts_per_round=R // 4,
-                                    max_rounds=max_rounds, max_gen_tokens=0)
+                                    max_rounds=max_rounds, max_gen_tokens=0, step_when_held=False)
         run = types.SimpleNamespace(cfg=cfg, state=train.LoopState(), buffer=ReplayBuffer(32),
                                     rng=random.Random(0),
                                     task=types.SimpleNamespace(train_prompts=list("abcdefgh")))
@@ -342,12 +343,15 @@ REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
             (["--generators", "1", "--buffer-size", "64", "--batch-size", "64",
               "--new-per-update", "64"], "every round is stored whole"),
             (["--generators", "1", "--lockstep", "--sync-every", "2"], "--lockstep"),
-            (["--generators", "1", "--updates-per-round", "2"], "not K times a round"),
-            (["--generators", "1", "--sync-every", "4", "--max-lag", "1",
-              "--new-per-update", "128"], "--max-lag 1 with --new-per-update"),
-            (["--generators", "1", "--max-lag", "2"],
+            (["--step-when-held"], "--step-when-held: only with --generators"),
+            (["--generators", "1", "--step-when-held", "--updates-per-round", "2"],
+             "--step-when-held: the trainer steps whenever B are held"),
+            (["--generators", "1", "--sync-every", "4", "--max-lag", "1"],
+             "--max-lag 1 without --step-when-held"),
+            (["--generators", "1", "--step-when-held", "--max-lag", "2"],
              "--max-lag 2 with --sync-every 1: never waits"),
-            (["--generators", "1", "--sync-every", "4", "--max-lag", "3"], "never waits")]
+            (["--generators", "1", "--step-when-held", "--sync-every", "4", "--max-lag", "3"],
+             "never waits")]
 
 
 @pytest.mark.parametrize("flags, says", REFUSALS, ids=[" ".join(f) for f, _ in REFUSALS])

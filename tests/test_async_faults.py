@@ -48,12 +48,13 @@ def stop_for_good(pid: int, settle: float = 3.0) -> None:
 @pytest.mark.slow
 @linux
 def test_a_stalled_worker_is_named_the_run_saved_and_reuse_stays_within_the_cap(tmp_path, tiny_path):
-    """kill -STOP of the worker: the trainer steps on what it holds until every rollout has had
+    """kill -STOP of the worker: the trainer (--step-when-held, the paper's) steps on what it holds
+    until every rollout has had
     --max-uses uses, then waits; after --worker-timeout one line names the worker, the run is saved
     (exit 1), the stopped worker is ended with it, and --resume goes on."""
     run = str(tmp_path / "run")
     proc = start(run, "--max-rounds", "400", "--buffer-size", "32", "--max-uses", "3",
-                 "--worker-timeout", "4")
+                 "--worker-timeout", "4", "--step-when-held")
     wait_for_step(run, proc, steps=2)
     (worker,) = workers(proc.pid)
     stopped = time.monotonic()
@@ -100,7 +101,7 @@ def test_a_resume_takes_no_step_before_a_round_arrives(tmp_path, tiny_path):
 def test_a_ctrl_c_while_the_workers_start_is_kept(monkeypatch, tiny_path):
     """A real SIGINT to the trainer while it starts its workers (sent from inside Process.start):
     the stop is requested once they are started, not lost."""
-    from replay_rl import load_policy
+    from infra.policy import load_policy
     model, _ = load_policy(tiny_path, lora_r=4)
     cfg = train.Config(generators=1, buffer_size=16, batch_size=16, prompts_per_round=2,
                        num_generations=8)

@@ -14,6 +14,8 @@ import torch
 
 from infra import checkpoint
 import train
+from infra import policy
+import replay_rl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The state.json that the code of commit b4e0b95 (its loop state a dict of string keys) wrote at the
@@ -45,13 +47,32 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
 def test_loop_state_reads_the_layouts_of_older_checkpoints():
     old = json.load(open(OLD_STATE))
     state = dataclasses.asdict(train.LoopState(**checkpoint.upgraded(old["state"], old["config"])))
-    assert {k: state[k] for k in old["state"]} == old["state"]          # every field read, none renamed
-    # checkpoints from before these fields: the saved batch size, zeros, one process
-    older = {k: v for k, v in old["state"].items()
-             if k not in ("round_batch_size", "rollouts_trained", "lapsed_updates", "eval_reward_errors", "world_size")}
+    kept = {k: v for k, v in old["state"].items() if k not in checkpoint.RETIRED_FIELDS}
+    assert {k: state[k] for k in kept} == kept          # every field read, none renamed
+    assert set(old["state"]) & set(checkpoint.RETIRED_FIELDS)     # the mid-round fields: dropped
+    # checkpoints from before these fields: zeros, one process
+    older = {k: v for k, v in kept.items()
+             if k not in ("rollouts_trained", "lapsed_updates", "eval_reward_errors", "world_size")}
     state = train.LoopState(**checkpoint.upgraded(older, old["config"]))
-    assert (state.round_batch_size, state.rollouts_trained, state.lapsed_updates, state.eval_reward_errors,
-            state.world_size) == (16, 4 * 16, 0, 0, 1)
+    assert (state.rollouts_trained, state.lapsed_updates, state.eval_reward_errors,
+            state.world_size) == (4 * 16, 0, 0, 1)
+
+
+def test_a_checkpoint_of_a_newer_version_is_named_not_skipped_as_damaged(tmp_path, capsys):
+    """Issue 69 (5): a loop-state field this version does not know was 'damaged': the resume went
+    back to the older checkpoint and later overwrote the newer one. Now one line names the newer
+    version, for --resume of the run folder and of the checkpoint itself, and nothing is removed."""
+    old = json.load(open(OLD_STATE))
+    for r in (1, 2):
+        folder = tmp_path / f"checkpoint-{r}"
+        folder.mkdir()
+        state = {**old["state"], "round": r} | ({"a_field_of_later": 1} if r == 2 else {})
+        (folder / "state.json").write_text(json.dumps({**old, "state": state}))
+    for path in (str(tmp_path), str(tmp_path / "checkpoint-2")):
+        with pytest.raises(checkpoint.NewerVersion, match="written by a newer version of replay-rl "
+                           "\\(its loop state has 'a_field_of_later'"):
+            checkpoint.newest_readable(path) if path == str(tmp_path) else checkpoint.read(path)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-1", "checkpoint-2"]
 
 
 def test_a_checkpoint_written_before_the_typed_loop_state_resumes_exactly(tmp_path, tiny_path):
@@ -214,7 +235,7 @@ def run_script(code, env_extra=None, **kw):
 
 
 @pytest.mark.slow
-def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
+def test_sigint_saves_the_round_under_way_as_it_began_and_resumes(tmp_path, tiny_path):
     run = str(tmp_path / "run")
     proc = run_script(f"import train; train.main({SMALL + ['--output-dir', run, '--max-rounds', '100000']!r})")
     metrics = os.path.join(run, "metrics.jsonl")
@@ -227,8 +248,8 @@ def test_sigint_finishes_the_step_saves_and_resumes(tmp_path, tiny_path):
     assert "checkpoint saved" in err and "Traceback" not in err
     found = checkpoint.find(run)
     saved = json.load(open(os.path.join(found, "state.json")))["state"]
-    rows = step_rows(run)
-    assert rows[-1]["step"] == saved["step"]                              # the last logged step is in it
+    rows = step_rows(run)       # the round cut short may have logged a step: it is done again
+    assert saved["step"] <= rows[-1]["step"] <= saved["step"] + 1
     result = train.main(["--resume", run, "--max-rounds", str(saved["round"] + 1)])
     steps = [r["step"] for r in step_rows(run)]
     assert steps == list(range(1, len(steps) + 1)) and result["step"] > saved["step"]
@@ -297,7 +318,7 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     from infra import engineered_update
     from rollout import generate_rollouts
     import tasks
-    model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+    model, tok = policy.load_policy(tiny_path, lora_r=4)
     task = tasks.addition_task(2)
     rollouts, _ = generate_rollouts(model, tok, ["1+2=", "3+4="], task.reward, num_generations=4, max_new_tokens=4, policy_version=0)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
@@ -310,31 +331,31 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
 
 
 def test_out_of_memory_lists_the_knobs(tmp_path, tiny_path, monkeypatch, capsys):
-    """Out of memory in a step: the run is saved before it (checkpoint-1: round 1 generated, its
-    step not taken), then one line lists the knobs and names the resume."""
+    """Out of memory in a step: the run is saved as its round began (checkpoint-0: before round 1),
+    then one line lists the knobs and names the resume."""
     from infra import engineered_update
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(engineered_update, "update_step_engineered", oom)
+    monkeypatch.setattr(replay_rl, "update_step", oom)
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "2"])
     msg = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 1 and "out of GPU memory" in msg and "--load-in-4bit" in msg
-    assert "--micro-batch-size" in msg and f"saved to {tmp_path / 'checkpoint-1'}" in msg
-    assert checkpoint.read(str(tmp_path / "checkpoint-1")).state["pending_updates"] == 2
+    assert "--micro-batch-size" in msg and f"saved to {tmp_path / 'checkpoint-0'}" in msg
+    assert checkpoint.read(str(tmp_path / "checkpoint-0")).state["round"] == 0
 
 
 @pytest.mark.slow
 def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, tiny_path, monkeypatch):
-    """A signal during the last update of a round: the round's eval (and checkpoint) still happen
-    before the exit, so the resumed run matches an uninterrupted one, eval lines included."""
+    """A signal during the last update of a round: the round is saved as it began and done again on
+    resume, so the resumed run matches an uninterrupted one, eval lines included."""
     from infra import engineered_update
     flags = SMALL + ["--updates-per-round", "1", "--eval-every", "1", "--max-rounds", "4"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     train.main(flags + ["--output-dir", full])
-    real, calls = engineered_update.update_step_engineered, []
+    real, calls = replay_rl.update_step, []
 
     def interrupted_update(*a, **k):
         calls.append(1)
@@ -342,11 +363,11 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
             os.kill(os.getpid(), signal.SIGINT)        # arrives during round 2's only update
         return real(*a, **k)
 
-    monkeypatch.setattr(engineered_update, "update_step_engineered", interrupted_update)
+    monkeypatch.setattr(replay_rl, "update_step", interrupted_update)
     with pytest.raises(SystemExit) as e:
         train.main(flags + ["--output-dir", part])
-    assert e.value.code == 128 + signal.SIGINT and checkpoint.find(part).endswith("checkpoint-2")
-    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
+    assert e.value.code == 128 + signal.SIGINT and checkpoint.find(part).endswith("checkpoint-1")
+    monkeypatch.setattr(replay_rl, "update_step", real)
     train.main(["--resume", part, "--lr", "5e-4"])
 
     def lines(run):
@@ -354,7 +375,8 @@ def test_interrupt_at_the_end_of_a_round_still_evaluates_that_round(tmp_path, ti
         return [{k: v for k, v in r.items() if not k.endswith("_seconds") and k != "lr"} for r in rows]
     a, b = lines(full), lines(part)
     assert [r["round"] for r in b if "eval_accuracy" in r] == [0, 1, 2, 3, 4]
-    assert a[:6] == b[:6]                                   # identical up to the interruption, evals included
+    # identical up to round 1, evals included; round 2, cut short, is done again at the new lr
+    assert a[:3] == b[:3] and [r["round"] for r in b] == [r["round"] for r in a]
     lr_after = [json.loads(line).get("lr") for line in open(os.path.join(part, "metrics.jsonl"))]
     assert [x for x in lr_after if x][-1] == 5e-4            # --lr on --resume reaches the optimizer
 

@@ -8,6 +8,8 @@ import torch
 
 from infra import checkpoint
 import train
+from infra import policy
+import replay_rl
 
 
 def step_rows(run_dir):
@@ -26,32 +28,34 @@ def test_max_age_holds_at_every_update_not_only_once_a_round(tmp_path, tiny_path
     assert result["lapsed_updates"] == 6 and rows[-1]["lapsed_updates"] == 4     # logged before round 3's lapse
 
 
-def test_resume_mid_round_with_a_larger_batch_finishes_the_round_as_decided(tmp_path, tiny_path, monkeypatch,
-                                                                              capsys):
-    from infra import engineered_update
-    flags = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "64", "--batch-size", "16",
-             "--updates-per-round", "2", "--eval-prompts", "20", "--eval-every", "1000", "--max-rounds", "3",
-             "--output-dir", str(tmp_path)]
-    real, calls = engineered_update.update_step_engineered, []
+def test_a_round_cut_short_is_done_again_on_resume_with_the_flags_given_then(tmp_path, tiny_path,
+                                                                            monkeypatch):
+    """A stop in round 1's first update saves the run as round 1 began (checkpoint-0); a resume
+    with a larger B and K does round 1 again with them: the buffer holds 16 after it (no update:
+    too few for 32), 32 after round 2 (three updates of 32), and so on."""
+    flags = ["--prompts-per-round", "4", "--num-generations", "4", "--buffer-size", "64",
+             "--batch-size", "16", "--updates-per-round", "2", "--eval-prompts", "20",
+             "--eval-every", "1000", "--max-rounds", "3", "--output-dir", str(tmp_path)]
+    real, calls = replay_rl.update_step, []
 
     def interrupted_update(*a, **k):
         calls.append(1)
         if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)        # during round 1's first update: one update pending
+            os.kill(os.getpid(), signal.SIGINT)        # during round 1's first update
         return real(*a, **k)
 
-    monkeypatch.setattr(engineered_update, "update_step_engineered", interrupted_update)
+    monkeypatch.setattr(replay_rl, "update_step", interrupted_update)
     with pytest.raises(SystemExit):
         train.main(flags)
-    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
+    monkeypatch.setattr(replay_rl, "update_step", real)
+    assert checkpoint.find(str(tmp_path)).endswith("checkpoint-0")
     state = json.load(open(os.path.join(checkpoint.find(str(tmp_path)), "state.json")))["state"]
-    assert state["pending_updates"] == 1
-    capsys.readouterr()
+    assert (state["round"], state["step"]) == (0, 0)
     train.main(["--resume", str(tmp_path), "--batch-size", "32", "--updates-per-round", "3"])
-    assert "finishes its 1 remaining update(s) with the saved B=16" in capsys.readouterr().out
     rows = step_rows(tmp_path)
-    # round 1: its two updates of 16; round 2: the buffer holds 32, so three updates of 32 from then on
-    assert [(r["round"], r["batch_size"]) for r in rows] == [(1, 16), (1, 16)] + [(2, 32)] * 3 + [(3, 32)] * 3
+    assert [r["round"] for r in rows if r.get("updates") == 0] == [1]      # 16 held: no update
+    assert [(r["round"], r["batch_size"]) for r in rows if "batch_size" in r] == \
+        [(2, 32)] * 3 + [(3, 32)] * 3
 
 
 @pytest.mark.parametrize("loss", ["tis", "ppo"])
@@ -76,7 +80,7 @@ def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     from infra import engineered_update
     from rollout import generate_rollouts
     torch.manual_seed(0)
-    model, tok = replay_rl.load_policy(tiny_path, lora_r=4)
+    model, tok = policy.load_policy(tiny_path, lora_r=4)
     for name, p in model.named_parameters():          # an adapter that moved: KL to the base is not 0
         if "lora_B" in name:
             p.data.normal_(0, 0.2)

@@ -18,6 +18,7 @@ import torch
 from infra import checkpoint
 from infra import report
 import train
+import replay_rl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--batch-size", "16", "--buffer-size", "16",
@@ -127,14 +128,19 @@ def hanging_step(after: int) -> str:
     return textwrap.dedent(f"""
         import os, time, replay_rl
         from infra import engineered_update
-        real, calls = engineered_update.update_step_engineered, []
+        real, calls = replay_rl.update_step, []
         def step(*args, **kwargs):
             calls.append(1)
             if len(calls) == {after}:
                 open(os.environ["HANGING"], "w").close()
-                time.sleep(10**6)
+                while True:                     # a step that does not stop: the first signal's
+                    try:                        # Interrupted is caught, the second's not
+                        time.sleep(10**6)
+                    except BaseException as e:
+                        if type(e).__name__ != "Interrupted":
+                            raise
             return real(*args, **kwargs)
-        engineered_update.update_step_engineered = step
+        replay_rl.update_step = step
     """)
 
 
@@ -147,8 +153,8 @@ def start_hanging(tmp_path, args, after, **env):
 
 @pytest.mark.slow
 def test_a_stop_whose_step_hangs_exits_in_time_saving_the_run_before_that_step(tmp_path, tiny_path):
-    """Past the grace the hanging step (round 3's) is given up: the run as it was before it, round 3
-    generated and its step to take, is saved from the watchdog thread."""
+    """Past the grace the hanging step (round 3's) is given up: the run as round 3 began
+    (checkpoint-2) is saved from the watchdog thread."""
     run = str(tmp_path / "run")
     proc = start_hanging(tmp_path, SMALL + ["--save-every", "1", "--max-rounds", "100", "--output-dir", run], 3,
                          REPLAY_RL_STOP_GRACE="2")
@@ -156,11 +162,11 @@ def test_a_stop_whose_step_hangs_exits_in_time_saving_the_run_before_that_step(t
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT
-    assert "a step gets 2 s, then the state before it is saved" in err
-    last = os.path.join(run, "checkpoint-3")
-    assert (f"the step did not finish within 2 s of SIGINT: saved the run as it was before the step "
+    assert "what does not stop within 2 s is given up" in err
+    last = os.path.join(run, "checkpoint-2")
+    assert (f"round 3 did not stop within 2 s of SIGINT: saved the run as it was before round 3 "
             f"to {last}; resume with: python train.py --resume {run}") in err
-    assert checkpoint.find(run) == last and checkpoint.read(last).state["pending_updates"] == 1
+    assert checkpoint.find(run) == last and checkpoint.read(last).state["step"] == 2
 
 
 @pytest.mark.slow
@@ -171,7 +177,7 @@ def test_a_second_sigterm_exits_at_once_naming_how_to_go_on(tmp_path, tiny_path)
     wait_for(tmp_path / "hanging", proc)
     proc.send_signal(signal.SIGTERM)
     time.sleep(1)
-    assert proc.poll() is None                       # the first waits for its step
+    assert proc.poll() is None                       # the first waits for its step (600 s)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err

@@ -108,7 +108,8 @@ trust_remote_code      | --trust-remote-code            | config   | config   | 
 generators             | --generators 2                 | config   | config   | config  |
 generator_devices      | --generator-devices cpu --generators 1 | config | config | config | default: the trainer's
 sync_every             | --sync-every 2                 | config   | config   | config  | to the workers
-max_lag                | --max-lag 1 --sync-every 3 --generators 1 | config | config | config | a worker
+max_lag                | --max-lag 1 --sync-every 3 --generators 1 --step-when-held | config | config | config | a worker
+step_when_held         | --step-when-held --generators 1 | config  | config   | config  | with --generators
 lockstep               | --lockstep --generators 1      | config   | config   | config  | with --generators
 max_uses               | --max-uses 2                   | config   | config   | config  | with --generators
 worker_timeout         | --worker-timeout 5             | config   | config   | config  | with --generators
@@ -406,23 +407,22 @@ def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, m
 @pytest.mark.parametrize("name", MINIMAL_ARGS)
 def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     """minimal.main writes nothing: what it did is read from the calls it made (no model)."""
-    from infra import demo_model
     assert name in MINIMAL, f"minimal.main({name}=...): no line in MINIMAL (tests/test_flags.py); add one"
     w = types.SimpleNamespace(generated=[], evaluated=[], lines=[], seeded=None)
 
-    def load_policy(path, **kwargs):
+    def loaded(path):
         w.seeded = torch.initial_seed()
-        return torch.nn.Linear(1, 1), types.SimpleNamespace(pad_token_id=0)
+        return torch.nn.Linear(1, 1)
 
-    def greedy_accuracy(model, tokenizer, prompts, reward, max_new_tokens):
-        w.evaluated.append(len(prompts))
-        return 0.25
-
-    monkeypatch.setattr(demo_model, "tiny_model", lambda task: "the demo model")
-    monkeypatch.setattr(minimal, "load_policy", load_policy)
-    monkeypatch.setattr(minimal, "greedy_accuracy", greedy_accuracy)
-    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, reward, **k:
-                        (w.generated.append(prompts), ([], {"reward": 0.0}))[1])
+    monkeypatch.setattr(minimal, "AutoTokenizer", types.SimpleNamespace(
+        from_pretrained=lambda path: types.SimpleNamespace(pad_token_id=0)))
+    monkeypatch.setattr(minimal, "AutoModelForCausalLM", types.SimpleNamespace(
+        from_pretrained=loaded))
+    monkeypatch.setattr(minimal, "get_peft_model", lambda base, config: base)
+    monkeypatch.setattr(minimal, "evaluate", lambda model, tok, prompts:
+                        (w.evaluated.append(len(prompts)), 0.25)[1])
+    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, policy_version:
+                        (w.generated.append(prompts), ([], 0.0))[1])
     value, check = MINIMAL[name]
     w.result = minimal.main(**{name: value(w)})
     assert check(w), name

@@ -24,6 +24,7 @@ from infra import runfolder
 from infra import stopping
 import tasks
 import train
+import replay_rl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
@@ -221,12 +222,12 @@ def test_every_ending_saves_the_run_and_resume_continues_exactly(what, action, c
     assert lines(run) == uninterrupted
 
 
-def test_an_error_inside_a_step_saves_the_run_before_that_step(tmp_path, uninterrupted,
+def test_an_error_inside_a_step_saves_the_run_as_its_round_began(tmp_path, uninterrupted,
                                                                 monkeypatch, capsys):
-    """An exception of the loop's own (here the second step's): the run as it was before that
-    step (its batch not yet drawn), so the resume takes it again, exactly."""
+    """An exception of the loop's own (here the second step's, round 2's): the run as round 2
+    began, so the resume does that round again, exactly."""
     from infra import engineered_update
-    real, calls = engineered_update.update_step_engineered, []
+    real, calls = replay_rl.update_step, []
 
     def breaks(*args, **kwargs):
         calls.append(1)
@@ -235,13 +236,13 @@ def test_an_error_inside_a_step_saves_the_run_before_that_step(tmp_path, uninter
         return real(*args, **kwargs)
 
     run = str(tmp_path / "run")
-    monkeypatch.setattr(engineered_update, "update_step_engineered", breaks)
+    monkeypatch.setattr(replay_rl, "update_step", breaks)
     with pytest.raises(SystemExit) as e:
         train.main(TINY + ["--reward", grader(tmp_path), "--output-dir", run])
     line = last_line(capsys.readouterr().err)
     assert e.value.code == 1 and line.startswith("error: RuntimeError: a bug in the step (raised")
-    assert f"checkpoint saved to {run}/checkpoint-2;" in line
-    monkeypatch.setattr(engineered_update, "update_step_engineered", real)
+    assert f"checkpoint saved to {run}/checkpoint-1;" in line
+    monkeypatch.setattr(replay_rl, "update_step", real)
     train.main(["--resume", run])
     assert lines(run) == uninterrupted
 
@@ -284,7 +285,7 @@ def test_a_reward_that_catches_its_timeout_ends_the_run_saved(tmp_path, uninterr
     line = last_line(err)
     assert line.startswith("error: the reward function ignored its --reward-timeout of 1 s on "
                            "prompt "), line
-    assert line.endswith(f"saved the run as it was before the generation to {run}/checkpoint-2; "
+    assert line.endswith(f"saved the run as it was before round 3 to {run}/checkpoint-2; "
                          f"resume with: python train.py --resume {run}"), line
     train.main(["--resume", run])
     assert lines(run) == uninterrupted
@@ -293,7 +294,7 @@ def test_a_reward_that_catches_its_timeout_ends_the_run_saved(tmp_path, uninterr
 @pytest.mark.slow
 def test_a_reward_that_catches_the_stop_is_given_up_naming_the_phase_and_saved(tmp_path):
     """Issue 54 (4): the first Ctrl-C was swallowed and, 30 s later, the watchdog said 'the step'
-    and saved nothing. Now it names the generation and saves the run from before it."""
+    and saved nothing. Now it names the round and saves the run as that round began."""
     run = str(tmp_path / "run")
     proc = start(TINY + ["--reward", grader(tmp_path, SWALLOWS, ROUND_3), "--reward-timeout",
                          "0", "--output-dir", run], REPLAY_RL_STOP_GRACE="2")
@@ -301,8 +302,8 @@ def test_a_reward_that_catches_the_stop_is_given_up_naming_the_phase_and_saved(t
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, err
-    assert (f"the generation did not finish within 2 s of SIGINT: saved the run as it was before "
-            f"the generation to {run}/checkpoint-2; resume with: python train.py --resume "
+    assert (f"round 3 did not stop within 2 s of SIGINT: saved the run as it was before "
+            f"round 3 to {run}/checkpoint-2; resume with: python train.py --resume "
             f"{run}") in err
     checkpoint.read(os.path.join(run, "checkpoint-2"))
 

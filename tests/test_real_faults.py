@@ -50,7 +50,8 @@ WRITERS = textwrap.dedent(r"""
             with open(os.path.join(folder, "adapter_config.json"), "w") as f:
                 json.dump({"r": 1}, f)
 
-    class Buffer:                       # one rollout of n prompt tokens, as ReplayBuffer saves it
+    checkpoint.buffer_state = lambda buffer: buffer.state_dict()     # the stand-in's own, below
+    class Buffer:                       # one rollout of n prompt tokens, as buffer_state saves it
         def __init__(self, n, sampler=True):
             self.n, self.sampler = n, sampler
         def state_dict(self):
