@@ -4,11 +4,12 @@
     python train.py --generators 1       # the same with a generation worker process (async)
     python train.py --help               # every knob, with its meaning
 
-Each round: sample P x G rollouts with the current policy, add them to a FIFO buffer of N, then
-take K optimizer steps, each on B rollouts drawn uniformly from the buffer. Replay ratio K*B/R, R
-the rollouts stored a round (mean uses of a rollout); staleness horizon N/R rounds. On-policy:
-N = R = B, K = 1. --generators: async_rl.py's loop. The machinery sits in infra/, behind a few
-named calls: the command line, loading, checkpoints, stopping, the run folder, processes, reports.
+Each round: sample P x G rollouts with the current policy, add them to a FIFO buffer of N, then,
+once it holds B, take K optimizer steps (replay_rl.update_step), each on B rollouts drawn uniformly
+from the buffer. Replay ratio K*B/R, R the rollouts stored a round (mean uses of a rollout);
+staleness horizon N/R rounds. On-policy: N = R = B, K = 1. --generators: async_rl.py's loop. The
+machinery sits in infra/, behind a few named calls: the command line, loading (infra/policy.py:
+the model with LoRA), checkpoints, stopping, the run folder, processes, reports.
 """
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ class Run:
     state: LoopState
     report: report.Report | None = None
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
-    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts a generation short
+    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts the round short
     pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
 
 
@@ -357,7 +358,7 @@ def stop_if_asked(run: Run) -> None:
 def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
           stop: stopping.StopRequest) -> Run:
     """Load the policy, build the optimizer and the buffer, start or resume the run folder; from
-    then on a stop that cannot wait saves the last safe point (stop.watch)."""
+    then on a stop that cannot wait saves the round under way as it began (stop.watch)."""
     device, rank, world = distributed.init(cfg.device)
     out = runfolder.claim_run_folder(cfg.output_dir)     # runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
