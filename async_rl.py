@@ -23,12 +23,16 @@ processes, queues and weight sharing sit in infra/workers.py (``Generators`` on 
             publishes the weights
             eval and checkpoint when due
 
-Every flag means what it means in the synchronous loop. Two are the async loop's own:
---step-when-held, the paper's trainer: a step whenever the buffer holds B, K and S aside, so that
-the replay ratio is set by the two speeds (measured, not chosen), up to --max-uses U (default 4:
-a rollout used U times leaves; 0, the paper's uncapped form); and --lockstep, which orders each
-round only once the weights of every step before it are published: each rollout is then trained
-on at age 0 with rho = 1, as in the synchronous loop (a check of exactness, not a way to train).
+K and S count as in the synchronous loop: K steps for each round that arrives (S = 0), or K for
+every S new rollouts stored. Unlike it, every round that arrives is stored whole (the synchronous
+loop stores at most the S new ones it needs), and --learning-starts is the synchronous loop's
+only. Three flags are this loop's own: --step-when-held, the paper's trainer: a step whenever the
+buffer holds B, K and S aside, so that the replay ratio is set by the two speeds (measured, not
+chosen), up to --max-uses U (default 4: a rollout used U times leaves, so that a pause of
+generation cannot turn into unbounded reuse; 0, the paper's uncapped form); --max-lag, with it;
+and --lockstep, which orders each round only once the weights of every step before it are
+published: each rollout is then trained on at age 0 with rho = 1, as in the synchronous loop (a
+check of exactness, not a way to train).
 Async runs are not bit-reproducible: which version a worker samples with, and which rounds
 arrive before a step, depend on how fast each process runs. A worker waits for an order (none
 while the buffer has no room for a round unused, or rounds_ahead rounds are on their way) and,
@@ -92,7 +96,7 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
         version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, gen = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             policy_version=version, fast=link.fast)
         link.push(rollouts, gen)
 

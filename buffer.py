@@ -128,9 +128,10 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
     """
-    if any(len(r.prompt_ids) and int(r.prompt_ids[0]) == pad_id for r in rollouts):
-        raise ValueError(f"a rollout's prompt_ids begin with the pad id {pad_id}: store each "
-                         "prompt unpadded (not a row of a left-padded batch), else the pads are "
+    if any(len(r.prompt_ids) and pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1]))
+           for r in rollouts):
+        raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
+                         "each prompt unpadded (not a row of a padded batch), else the pads are "
                          "read as prompt tokens and log pi_theta no longer matches log mu")
     temperatures = {rollout.temperature for rollout in rollouts}
     if len(temperatures) > 1:

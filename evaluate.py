@@ -186,8 +186,7 @@ def pass_rates(rewards: list[list[float]]) -> dict[str, float]:
             "sampled_reward": sum(map(sum, rewards)) / (n * len(rewards))}
 
 
-def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, temperature,
-                    top_p=1.0):
+def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, temperature):
     """[prompts][n] rewards of n samples per prompt (rollout.generate_rollouts), in batches."""
     from tqdm import tqdm
 
@@ -196,7 +195,7 @@ def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, tem
         chunk = prompts[start:start + per_batch]
         rollouts, _ = rollout.generate_rollouts(model, tokenizer, chunk, reward, num_generations=n,
                                                 max_new_tokens=max_new_tokens,
-                                                temperature=temperature, top_p=top_p, policy_version=0)
+                                                temperature=temperature, policy_version=0)
         rewards += [[r.reward for r in rollouts[i * n:(i + 1) * n]] for i in range(len(chunk))]
     return rewards
 
@@ -237,8 +236,7 @@ def main(argv=None) -> dict:
         try:
             scores.update(pass_rates(sampled_rewards(model, tokenizer, prompts, reward, n=n,
                                                      max_new_tokens=limit,
-                                                     temperature=args.temperature,
-                                                     top_p=cfg.top_p)))
+                                                     temperature=args.temperature)))
         except loading.RewardError as e:
             sys.exit(f"error: {e}")
         notes.update({"pass@1": f"{n} samples a prompt at temperature {args.temperature}: the "

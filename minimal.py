@@ -1,6 +1,6 @@
 """RL post-training with experience replay: the whole method in one file, read top to bottom.
 
-    python minimal.py        # the demo model learns to carry in 2-digit sums (a few minutes, CPU)
+    python minimal.py        # the demo model learns to carry in 2-digit sums (about 20 s, CPU)
 
 It imports torch, transformers, peft and the standard library, and nothing of this repository. The
 demo model is a 0.53M-parameter Llama with a character tokenizer, loaded with ``from_pretrained``
@@ -85,14 +85,18 @@ class Rollout:
 def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int):
     """G samples of each prompt from softmax(z_t / T), as Rollouts with log mu and A; the mean
     reward. The model must be in eval mode (no dropout: it samples the function it trains)."""
+    refuse_dropout(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
     eos = tokenizer.eos_token_id
-    # Every setting that would change the distribution from softmax(z_t / T) at its neutral value:
-    # generate's own default top_k of 50 would otherwise cut it, and log mu would be wrong.
-    config = GenerationConfig(do_sample=True, temperature=T, top_k=0, top_p=1.0,
-                              max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos,
-                              pad_token_id=tokenizer.pad_token_id)
+    # The settings that change the distribution from softmax(z_t / T), each at its neutral value:
+    # generate fills any left unset from the model's own generation_config (an instruct model's
+    # repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu, taken from
+    # softmax(z_t / T) below, would be of another distribution than the one that drew the token.
+    config = GenerationConfig(do_sample=True, num_beams=1, temperature=T, top_k=0, top_p=1.0,
+                              min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
+                              no_repeat_ngram_size=0, max_new_tokens=MAX_NEW_TOKENS,
+                              eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
     sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
     prompt_len = enc.input_ids.shape[1]
     completions = sequences[:, prompt_len:]
@@ -129,24 +133,35 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     return torch.where(equal, 0.0, (rewards - mean) / (std + eps))
 
 
+def refuse_dropout(model) -> None:
+    """The model in training mode with dropout on would sample, or score, another function than
+    the one trained on (rho != 1 on fresh data): refused. (model.eval() turns dropout off.)"""
+    if any(m.training and m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout)):
+        raise ValueError("the model is in training mode with dropout on: call model.eval()")
+
+
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
 class ReplayBuffer:
     """Up to N rollouts, oldest first; adding past N evicts the oldest (FIFO). sample(B) draws B
-    distinct rollouts uniformly and leaves them in: each can be drawn again (replay)."""
+    distinct rollouts uniformly and leaves them in: each can be drawn again (replay). Here B = N:
+    once full, every step takes the whole buffer (the draw only orders it), this round's 128 and
+    the last round's; with B < N a step takes a random subset."""
 
     def __init__(self, capacity: int, seed: int):
         self.items = deque(maxlen=capacity)     # appending to a full deque drops its oldest
         self.rng = random.Random(seed)
 
     def add(self, rollouts: list[Rollout]) -> None:
+        if len(rollouts) > self.items.maxlen:       # the first would leave before any batch
+            raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.items.maxlen}")
         self.items.extend(rollouts)
 
     def sample(self, batch_size: int, policy_version: int) -> tuple[list[Rollout], list[int]]:
         """B rollouts, their use counts raised; and their ages (steps since each was sampled)."""
-        batch = self.rng.sample(list(self.items), batch_size)
-        for rollout in batch:
+        sampled = self.rng.sample(list(self.items), batch_size)
+        for rollout in sampled:
             rollout.uses += 1
-        return batch, [policy_version - rollout.policy_version for rollout in batch]
+        return sampled, [policy_version - rollout.policy_version for rollout in sampled]
 
 
 # ---- 4. one optimizer step: collate, log pi_theta, the loss --------------------------------------
@@ -157,10 +172,10 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
     behaviour_logp [batch, max_len]; advantage [batch]."""
     prompt_len = max(len(r.prompt_ids) for r in rollouts)
     max_len = max(len(r.completion_ids) for r in rollouts)
-    batch = len(rollouts)
-    input_ids = torch.full((batch, prompt_len + max_len), pad_id)
-    attention_mask = torch.zeros((batch, prompt_len + max_len), dtype=torch.long)
-    behaviour_logp = torch.zeros((batch, max_len))
+    n = len(rollouts)
+    input_ids = torch.full((n, prompt_len + max_len), pad_id)
+    attention_mask = torch.zeros((n, prompt_len + max_len), dtype=torch.long)
+    behaviour_logp = torch.zeros((n, max_len))
     for i, r in enumerate(rollouts):
         start, end = prompt_len - len(r.prompt_ids), prompt_len + len(r.completion_ids)
         input_ids[i, start:prompt_len] = r.prompt_ids
@@ -175,15 +190,15 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
             "advantage": torch.tensor([r.advantage for r in rollouts])}
 
 
-def completion_logp(model, batch: dict) -> torch.Tensor:
+def completion_logp(model, cols: dict) -> torch.Tensor:
     """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
     with gradient. The logits at column j predict token j + 1, so the completion's tokens are
     scored by the max_len columns to their left (the last column predicts nothing: not fed)."""
-    max_len = batch["completion_mask"].shape[1]
-    logits = model(input_ids=batch["input_ids"][:, :-1],
-                   attention_mask=batch["attention_mask"][:, :-1],
-                   position_ids=batch["position_ids"][:, :-1]).logits[:, -max_len:]
-    tokens = batch["input_ids"][:, -max_len:]
+    max_len = cols["completion_mask"].shape[1]
+    logits = model(input_ids=cols["input_ids"][:, :-1],
+                   attention_mask=cols["attention_mask"][:, :-1],
+                   position_ids=cols["position_ids"][:, :-1]).logits[:, -max_len:]
+    tokens = cols["input_ids"][:, -max_len:]
     return torch.log_softmax(logits.float() / T, -1).gather(-1, tokens[..., None]).squeeze(-1)
 
 
@@ -206,9 +221,10 @@ def update(model, optimizer, rollouts: list[Rollout], pad_id: int) -> dict:
     """One step: the loss of the batch, backward, the gradient clipped at norm 1 (a guard against a
     rare huge step, not part of the method), skipped if the loss or gradient is NaN/inf (it would
     poison the weights and AdamW's moments for good)."""
-    batch = collate(rollouts, pad_id)
-    loss, metrics = policy_loss(completion_logp(model, batch), batch["behaviour_logp"],
-                                batch["advantage"], batch["completion_mask"])
+    refuse_dropout(model)
+    cols = collate(rollouts, pad_id)
+    loss, metrics = policy_loss(completion_logp(model, cols), cols["behaviour_logp"],
+                                cols["advantage"], cols["completion_mask"])
     optimizer.zero_grad()
     loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -261,8 +277,8 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
         buffer.add(rollouts)                            # FIFO: past N, the oldest leave
         if len(buffer.items) >= B:                      # K steps, once the buffer holds B
             for _ in range(K):
-                batch, ages = buffer.sample(B, policy_version=step)
-                metrics = update(model, optimizer, batch, tokenizer.pad_token_id)
+                sampled, ages = buffer.sample(B, policy_version=step)
+                metrics = update(model, optimizer, sampled, tokenizer.pad_token_id)
                 step += 1                               # the policy's version: steps taken
         if round_ % 10 == 0 and step:
             log(f"round {round_}: reward {mean_reward:.2f}, is_ratio_mean "

@@ -265,15 +265,17 @@ def check_temperature(cols: dict, temperature: float) -> None:
                          "temperature, else every importance ratio is wrong")
 
 
-DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop")
+DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop", "jitter")
 
 
 def dropout_rates(model):
-    """Every dropout rate the model applies in training mode, as (where, owner, attribute, rate):
-    a torch.nn.Dropout's p; the float attributes that layers pass to F.dropout themselves
-    (attention_dropout in Llama/Qwen, OPT's dropout, layerdrop); and the rates that layers read
-    from their config during the forward (Falcon's hidden_dropout, GPT-Neo's attention_dropout),
-    in every config the model's modules hold (a model's text_config too)."""
+    """Every rate of randomness the model applies in training mode only, as (where, owner,
+    attribute, rate): a torch.nn.Dropout's p; the float attributes that layers pass to F.dropout
+    themselves (attention_dropout in Llama/Qwen, OPT's dropout, layerdrop) and a mixture of
+    experts' router jitter (Mixtral's jitter_noise); and the rates that layers read from their
+    config during the forward (Falcon's hidden_dropout, GPT-Neo's attention_dropout), in every
+    config the model's modules hold (a model's text_config too). Found by name: a layer that adds
+    noise in training mode under another name is not."""
     configs = {}
     for name, module in model.named_modules():
         for attr, value in list(vars(module).items()):
@@ -294,10 +296,10 @@ def dropout_rates(model):
 
 
 def refuse_active_dropout(model) -> None:
-    """Refuses a model in training mode with a dropout rate above 0 (dropout_rates): its forward
-    would be random, another function than the one that sampled (rho != 1 on fresh data), or than
-    the one a greedy eval should score. model.eval() turns every dropout off; infra/policy.py's
-    load_policy sets every rate to 0."""
+    """Refuses a model in training mode with a dropout (or router jitter) rate above 0
+    (dropout_rates): its forward would be random, another function than the one that sampled
+    (rho != 1 on fresh data), or than the one a greedy eval should score. model.eval() turns every
+    one off; infra/policy.py's load_policy sets every rate to 0."""
     training = any(module.training for module in model.modules())
     for where, owner, attr, rate in dropout_rates(model):
         active = owner.training if isinstance(owner, torch.nn.Module) else training

@@ -39,21 +39,21 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
-                      max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, fast=None,
+                      max_new_tokens: int, temperature: float = 1.0, fast=None,
                       policy_version: int, shared_prefill=True) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now), as
     Rollouts: per token log mu(o_t); per rollout the reward r and A, normalized in its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``); reward_fn(prompt,
     completion) gets it too. policy_version: the model's optimizer steps now (no default). G = 1:
     A = 0 for all, and tis and ppo learn nothing (a round of equal-reward groups warns, once).
-    top_p: 1 only, a parameter so that nucleus sampling is refused in one line; refused too: what
-    in the model's generation_config changes the sampling, active dropout in training mode. fast,
-    shared_prefill: the same samples, faster. Returns (rollouts, prompt-major; stats)."""
+    Refused: what in the model's generation_config changes the sampling (a nucleus cut, a
+    repetition penalty, ...), active dropout in training mode. fast, shared_prefill: the same
+    samples, faster. Returns (rollouts, prompt-major; stats)."""
     refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=top_p, fast=fast, shared_prefill=shared_prefill)
+        fast=fast, shared_prefill=shared_prefill)
     lengths, ended = completion_lengths(completions, eos_ids)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
@@ -87,7 +87,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, top_p: float, fast=None, shared_prefill: bool = True):
+                       temperature: float, fast=None, shared_prefill: bool = True):
     """G samples of each prompt (left-padded, so every completion starts at the same column), with
     log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
     (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, max_len] on the
@@ -107,10 +107,10 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     # The tokens must be drawn from the softmax(z_t / T) that BehaviourLogProbs records and the
     # loss evaluates: top_k=0 turns off generate's default top-k of 50, and so on (PLAIN_SAMPLING).
-    gen_config = GenerationConfig(**{**PLAIN_SAMPLING, "top_p": top_p}, temperature=temperature,
+    gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    recorder = BehaviourLogProbs(model, gen_config)     # it refuses top_p < 1 and the rest
+    recorder = BehaviourLogProbs(model, gen_config)     # it refuses what would change mu
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
@@ -128,80 +128,52 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
 
 
 class BehaviourLogProbs(LogitsProcessor):
-    """Records log mu(o_t) of every sampled token while ``generate`` runs, with no second forward.
+    """Records log mu(o_t) = log softmax(z_t / T)[o_t] of every sampled token while ``generate``
+    runs, with no second forward: z_t the logits that drew o_t, T the temperature, the same
+    distribution the loss evaluates. Memory O(batch * vocab), not O(batch * max_len * vocab).
 
-    log mu(o_t) = log_softmax(z_t / T)[o_t], with z_t the logits that drew o_t and T the
-    temperature: the same distribution the loss evaluates. So nothing else may change the
-    distribution: made with the generation_config that ``generate`` will be given, the recorder
-    refuses in one line whatever would (``sampling_changes``: top_k unset or not 0, top_p < 1, a
-    repetition penalty, ...), there or in the model's own. A sampling keyword given to
-    ``generate`` itself (``temperature=0.5``, ``top_k=5``) overrides that config unseen here; at
-    its first call the recorder reads the processors generate built (``check_neighbours``) and
-    refuses a temperature other than its own T, or any other that changes the distribution.
-    ``generate`` calls this processor once per new token t, with the scores z_t [batch, vocab]
-    (before the temperature) and with input_ids that end with o_{t-1}, the token sampled at the
-    call before, since o_t is drawn only after the processors ran. So call t gathers log mu(o_{t-1})
-    from the log-softmax kept at call t - 1, then keeps its own; ``finish`` gathers the last one.
-    Memory stays O(batch * vocab), not O(batch * max_len * vocab).
-    One recorder per generate call (``finish`` ends it; a second use raises), with sampling only:
-    beam search reorders the rows between calls, which the gather here does not follow, so
-    ``finish`` refuses completions whose tokens are not the ones gathered call by call.
+    How: ``generate`` calls this processor once per new token t with z_t [batch, vocab] (before
+    the temperature), and o_t is drawn only after the processors ran. So call t keeps its
+    log-softmax, and the next call, whose input_ids end with o_t, gathers log mu(o_t) from it;
+    ``finish`` gathers the last token's. One recorder per generate call, sampling only.
+
+    Guards (below, in "the guards"): made with the generation_config that ``generate`` will be
+    given, it refuses whatever there or in the model's own config would sample from another
+    distribution (``sampling_changes``: top_k unset or not 0, top_p < 1, a repetition penalty,
+    ...); at its first call it refuses a sampling keyword given to ``generate`` itself
+    (``check_processors``: ``temperature=0.5``, ``top_k=5``); ``finish`` refuses completions
+    whose tokens are not those it gathered (beam search reorders rows between calls).
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """
 
     def __init__(self, model, generation_config: GenerationConfig):
-        changes = sampling_changes(model, generation_config)
-        if changes:
-            why = (f"top_p {changes['top_p']} < 1: the stored log mu would ignore the nucleus"
-                   if "top_p" in changes else "generate would not sample from softmax(z_t / T), "
-                   "the distribution recorded as log mu")
-            raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
-                             "rollout.PLAIN_SAMPLING's values, unset the others")
+        refuse_sampling_changes(model, generation_config)
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)                 # as generate reads it
-        self.prev_logp: torch.Tensor | None = None
-        self.token_logp: list[torch.Tensor] = []   # each [batch]
-        self.tokens: list[torch.Tensor] = []       # each [batch]: the token each log mu is of
-        # each [batch], entropy of mu (not pi_theta) there
-        self.mu_entropy: list[torch.Tensor] = []
+        self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
+        self.token_logp: list[torch.Tensor] = []    # log mu of each token so far, each [batch]
+        self.tokens: list[torch.Tensor] = []        # those tokens, each [batch]
+        self.mu_entropy: list[torch.Tensor] = []    # mu's entropy there, each [batch]
         self.finished = False
-
-    def _gather_prev(self, tokens: torch.Tensor) -> None:
-        if self.prev_logp is not None:
-            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
-            self.tokens.append(tokens)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.finished:
             raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
                                "generate call")
-        if not self.token_logp and self.prev_logp is None:      # the first call
-            # the list that calls us: generate's LogitsProcessorList (its __call__'s self)
-            self.check_neighbours(sys._getframe(1).f_locals.get("self"), input_ids.shape[1])
-        self._gather_prev(input_ids[:, -1])
+        if self.prev_logp is None:                  # the first call: generate's processors,
+            # read from the LogitsProcessorList that calls this one (its __call__'s self)
+            check_processors(sys._getframe(1).f_locals.get("self"), self, input_ids.shape[1])
+        self._gather_prev(input_ids[:, -1])         # log mu of the token the last call drew
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
         self.prev_logp = logp
-        return scores
+        return scores                               # the distribution itself is left alone
 
-    def check_neighbours(self, processors, length: int) -> None:
-        """Refuses, in one line, the processors generate runs beside this one that would sample
-        from another distribution than the recorded softmax(z_t / T): a temperature warper of
-        another T (or none, with T != 1), and any other but a minimum length already reached.
-        processors: the calling LogitsProcessorList (anything else, e.g. a direct call: no check);
-        length: the tokens of input_ids now."""
-        if not isinstance(processors, LogitsProcessorList):
-            return
-        temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
-        others = [type(p).__name__ for p in processors if p is not self
-                  and not isinstance(p, TemperatureLogitsWarper)
-                  and not (isinstance(p, MinLengthLogitsProcessor) and p.min_length <= length)]
-        if others or temperatures != ([self.temperature] if self.temperature != 1.0 else []):
-            raise ValueError(f"generate samples with temperature {temperatures or [1.0]} and "
-                             f"{others or 'nothing else'}, but log mu is recorded at T = "
-                             f"{self.temperature:g} alone: put every sampling setting in the "
-                             "generation_config this recorder is given, not in generate's keywords")
+    def _gather_prev(self, tokens: torch.Tensor) -> None:
+        if self.prev_logp is not None:
+            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
+            self.tokens.append(tokens)
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(token_logp, entropy), each [batch, max_len], for ``completions`` [batch, max_len]
@@ -274,6 +246,38 @@ def sampling_changes(model, generation_config: GenerationConfig) -> dict:
         found["min_length"] = used("min_length") or None
     return {name: value for name, value in found.items()
             if value is not None and value != PLAIN_SAMPLING.get(name)}
+
+
+def refuse_sampling_changes(model, generation_config: GenerationConfig) -> None:
+    """Refuses, in one line, a generation_config (or the model's own, which generate reads for
+    what it leaves unset) that would sample from another distribution than softmax(z_t / T)."""
+    changes = sampling_changes(model, generation_config)
+    if changes:
+        why = (f"top_p {changes['top_p']} < 1: the stored log mu would ignore the nucleus"
+               if "top_p" in changes else "generate would not sample from softmax(z_t / T), "
+               "the distribution recorded as log mu")
+        raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
+                         "rollout.PLAIN_SAMPLING's values, unset the others")
+
+
+def check_processors(processors, recorder: BehaviourLogProbs, length: int) -> None:
+    """Refuses, in one line, the processors generate runs beside the recorder that would sample
+    from another distribution than the recorded softmax(z_t / T): a sampling keyword given to
+    generate itself (a temperature warper of another T, or none with T != 1; any other but a
+    minimum length already reached). processors: the calling LogitsProcessorList (anything else,
+    e.g. a direct call: no check); length: the tokens of input_ids now."""
+    if not isinstance(processors, LogitsProcessorList):
+        return
+    T = recorder.temperature
+    temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
+    others = [type(p).__name__ for p in processors if p is not recorder
+              and not isinstance(p, TemperatureLogitsWarper)
+              and not (isinstance(p, MinLengthLogitsProcessor) and p.min_length <= length)]
+    if others or temperatures != ([T] if T != 1.0 else []):
+        raise ValueError(f"generate samples with temperature {temperatures or [1.0]} and "
+                         f"{others or 'nothing else'}, but log mu is recorded at T = {T:g} "
+                         "alone: put every sampling setting in the generation_config this "
+                         "recorder is given, not in generate's keywords")
 
 
 def check_bos(tokenizer, prompts: list[str]) -> None:

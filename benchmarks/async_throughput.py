@@ -65,8 +65,9 @@ def arms(setting: str, S: int) -> dict[str, list[str]]:
     if S:                       # S = B = N: on-policy, one step per round in both
         shape = ["--batch-size", str(B), "--buffer-size", str(B), "--new-per-update", str(B)]
         return {"sync": flags + shape, "async": flags + shape + ["--generators", "1"]}
-    shape = ["--batch-size", str(B), "--buffer-size", str(2 * B)]
-    return {"sync": flags + shape, "async": flags + shape + ["--generators", "1"]}
+    shape = ["--batch-size", str(B), "--buffer-size", str(2 * B)]      # the paper's trainer, below
+    return {"sync": flags + shape,
+            "async": flags + shape + ["--generators", "1", "--step-when-held"]}
 
 
 def run(flags: list[str], rounds: int, threads: int, seed: int) -> dict:

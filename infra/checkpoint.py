@@ -555,16 +555,49 @@ def remove_round(run_dir: str, round: int) -> None:
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
 
 
-def check_file_size_limit(model) -> None:
-    """Before the first round: the largest file a checkpoint writes, Adam's two moments of the
-    trainable weights (8 bytes a weight), must fit under this process's file-size limit
-    (ulimit -f), or every save of the run would fail, the first of them at its end."""
-    need = 8 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+def optimizer_file_size(optimizer) -> int | None:
+    """The bytes of optimizer.pt as ``save`` writes it once the optimizer has its state: measured,
+    by one step of an optimizer of the same kind and settings on zeros of the same shapes (before
+    its first step the run's own holds no state), written with torch.save to a file of that name
+    in a temporary folder (in memory where the system has one, /dev/shm), then removed. (In memory
+    torch.save names the zip's entries otherwise, and its padding follows the names.) None: the
+    file stopped at this process's file-size limit (ulimit -f) before it was whole."""
+    import tempfile
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [torch.zeros_like(p, device="cpu", requires_grad=True)
+                          for p in group["params"]]} for group in optimizer.param_groups]
+    shadow = type(optimizer)(groups)
+    for group in shadow.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    shadow.step()
+    where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(dir=where) as folder:
+        path = os.path.join(folder, "optimizer.pt")
+        try:
+            torch.save(shadow.state_dict(), path)
+        except Exception:       # torch.save reports a write the limit stopped as a RuntimeError
+            limit = runfolder.file_size_limit()
+            if limit is not None and os.path.getsize(path) >= limit:
+                return None
+            raise
+        return os.path.getsize(path)
+
+
+def check_file_size_limit(optimizer) -> None:
+    """Before the first round: the largest file a checkpoint writes, the optimizer's state
+    (optimizer_file_size, measured), must fit under this process's file-size limit (ulimit -f), or
+    every save of the run would fail, the first of them at its end."""
     limit = runfolder.file_size_limit()
-    if limit is not None and limit < need:
-        raise SystemExit(f"error: {runfolder.FILE_SIZE_LIMIT}: this process may write no file "
-                         f"over {limit} bytes, and a checkpoint's optimizer state takes {need:,}:"
-                         " raise it (ulimit -f) and run again (nothing was trained)")
+    if limit is None:
+        return
+    need = optimizer_file_size(optimizer)
+    if need is not None and need <= limit:
+        return
+    takes = f"more than {limit:,}" if need is None else f"{need:,}"
+    raise SystemExit(f"error: {runfolder.FILE_SIZE_LIMIT}: this process may write no file over "
+                     f"{limit} bytes, and a checkpoint's optimizer state takes {takes} (measured): "
+                     "raise it (ulimit -f) and run again (nothing was trained)")
 
 
 def save_adapter(model, folder: str) -> None:

@@ -208,6 +208,8 @@ def resume_point(path: str, parser, config_class) -> checkpoint.Checkpoint:
     if found is None:
         parser.error(f"--resume {path}: no checkpoint there (a checkpoint-<round> folder with "
                      "state.json)")
+    if problem := later_checkpoints(found):
+        parser.error(f"--resume {found}: {problem}")
     try:
         if found != path.rstrip("/"):                   # a run folder
             saved = checkpoint.newest_readable(path, check)
@@ -220,6 +222,26 @@ def resume_point(path: str, parser, config_class) -> checkpoint.Checkpoint:
     except checkpoint.Damaged as e:
         parser.error(f"--resume {found}: damaged checkpoint, {e}; --resume "
                      f"{os.path.dirname(found)} takes the newest intact one")
+
+
+def later_checkpoints(found: str) -> str | None:
+    """Why resuming from this checkpoint would leave later ones of its run folder behind, in words
+    with the commands that go on, or None (it is the newest). A resume from an older checkpoint
+    deletes nothing unasked: the later ones are named, and moving them aside is the user's."""
+    import shlex
+    run_dir, name = os.path.split(found.rstrip("/"))
+    mine = int(name.split("-")[1])
+    later = [r for r in checkpoint.rounds(run_dir or ".") if r > mine]
+    if not later:
+        return None
+    names = [os.path.join(run_dir, f"checkpoint-{r}") for r in later]
+    aside = os.path.join(run_dir, f"after-round-{mine}")
+    move = (f"mkdir {shlex.quote(aside)} && mv {' '.join(map(shlex.quote, names))} "
+            f"{shlex.quote(aside)}/")
+    return (f"the run went on past it ({', '.join(os.path.basename(n) for n in names)}), and a "
+            f"resume from here would go another way beside them; to resume here, move them aside "
+            f"first: {move} (metrics.jsonl's later rows are then copied aside too); to go on from "
+            f"the newest: --resume {run_dir}")
 
 
 def saved_config_problem(config_class, config: dict) -> str | None:
@@ -328,8 +350,6 @@ def config_problem(cfg) -> str | None:
         return (f"--temperature {cfg.temperature}: below {MIN_TEMPERATURE} sampling is greedy in "
                 "effect: every sampled token has log mu = 0 (probability 1), so the loss and its "
                 "gradient are 0; use 0.1 or more (evaluate.py scores greedy decoding)")
-    if not 0 < cfg.top_p <= 1:
-        return f"--top-p {cfg.top_p}: must be in (0, 1]"
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
     return None

@@ -323,7 +323,9 @@ def run_summary(steps: list[dict], evals: list[dict], cfg: dict) -> str:
         if cfg.get("generators"):
             S = cfg.get("new_per_update")
             lines.append(f"async: {cfg['generators']} worker(s); steps "
-                         + (f"once S = {S} new are stored" if S else "whenever B are in (S = 0)"))
+                         + (f"once S = {S} new are stored" if S else
+                            "whenever B are in (--step-when-held)" if cfg.get("step_when_held")
+                            else "K for each round that arrives"))
     else:
         lines.append("(no config.json)")
     last = max(steps + evals, key=lambda r: (r.get("step", 0), r.get("gen_tokens", 0)), default={})

@@ -6,7 +6,9 @@ equal to update_step):
                                float16 loss scaling, a step skipped on NaN/inf, the batch's figures
     chunked_completion_logp    completion_logp's values without its [batch, max_len, vocab] logits
 
-A reader of the method skips this file: nothing of the method is here.
+Nothing of the method is only here. By default (--logp-chunk 256) train.py's update_step takes its
+log pi_theta from chunked_completion_logp below (its logp_fn): completion_logp's values, tested
+equal, computed a chunk of tokens at a time so that a large vocabulary's logits do not fill memory.
 """
 from __future__ import annotations
 
@@ -150,8 +152,8 @@ def _step_unless_not_finite(optimizer, loss: float, grad_norm: float) -> bool:
 
 def _over_processes(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """t summed (op "sum") or its "max" over the processes of a torchrun job (one all_reduce), as a
-    new tensor; t itself in one process. (train.py's other figures go through distributed.py; this
-    private copy keeps replay_rl.py whole on its own.)"""
+    new tensor; t itself in one process. (distributed.py reduces figures by name, as floats; the
+    step's sums stay one tensor on its device, reduced in one call.)"""
     if not torch.distributed.is_initialized():
         return t
     t = t.clone()

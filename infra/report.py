@@ -43,6 +43,7 @@ class Report:
         if distributed.is_main():
             path = os.path.join(run_dir, "metrics.jsonl")
             if resumed and os.path.exists(path) and os.path.getsize(path) >= state.metrics_bytes:
+                keep_later_rows(path, state, cfg)
                 with open(path, "a") as f:      # cut, never lengthened (cli.py refused a shorter one)
                     f.truncate(state.metrics_bytes)
             self.metrics = open(path, "a" if resumed else "w")
@@ -185,6 +186,32 @@ class WandbRun:
             self.held = self.line + 1
             runfolder.write_json(self.path, {"id": self.run.id, "lines": self.held, "config": self.config})
         self.line += 1
+
+
+def keep_later_rows(path: str, state, cfg) -> None:
+    """Before a resume cuts metrics.jsonl back to its checkpoint: rows of rounds after the one the
+    resume does again (a resume from an older checkpoint) are copied aside first, into
+    metrics-after-round-<round>.jsonl beside it, and said so; the rows of the round a stop cut
+    short go, as that round is done again."""
+    with open(path, "rb") as f:
+        f.seek(state.metrics_bytes)
+        tail = f.read()
+    rounds = []
+    for line in tail.splitlines():
+        with contextlib.suppress(ValueError, AttributeError):
+            rounds.append(int(json.loads(line).get("round", 0)))
+    if not rounds or max(rounds) <= state.round + 1:
+        return
+    aside = os.path.join(os.path.dirname(path), f"metrics-after-round-{state.round}.jsonl")
+    n = 2
+    while os.path.exists(aside):
+        aside = os.path.join(os.path.dirname(path), f"metrics-after-round-{state.round}-{n}.jsonl")
+        n += 1
+    with open(aside, "wb") as f:
+        f.write(tail)
+    distributed.print0(f"metrics.jsonl: its {len(rounds)} rows after round {state.round} (to round "
+                       f"{max(rounds)}) are copied to {aside}, then cut: this run goes on from "
+                       f"round {state.round}", file=sys.stderr)
 
 
 def metrics_problem(run_dir: str, length: int, round: int) -> str | None:
@@ -353,11 +380,10 @@ def replay_line(cfg) -> str:
                 f"new ones are stored); staleness horizon N/S = {N / S:.1f} updates")
         if K * B == S == N:
             line += " (on-policy: each used once, at age 0)"
-    elif cfg.generators and not cfg.lockstep:
-        line = (f"replay ratio: the trainer steps on B={B} from the buffer whenever it can "
-                f"(S = 0), so how often a rollout is used depends on the two rates (measured); "
-                f"staleness "
-                f"horizon N/R = {N / R:.1f} rounds")
+    elif cfg.step_when_held:
+        line = (f"replay ratio: the trainer steps on B={B} from the buffer whenever it holds them "
+                f"(--step-when-held), so how often a rollout is used depends on the two speeds "
+                f"(measured); staleness horizon N/R = {N / R:.1f} rounds")
     else:
         line = (f"replay ratio K*B/R = {K * B / R:.2f} uses per rollout; staleness horizon N/R = "
                 f"{N / R:.1f} rounds")
@@ -374,10 +400,12 @@ def async_line(cfg) -> str:
     waits = ("steps once each round is in, on weights published after every step (--lockstep: "
              "ages 0, rho = 1)" if cfg.lockstep else
              f"steps once S={S} new rollouts are stored since its last step" if S else
-             "never waits for new rollouts (S = 0): the replay ratio is set by the two rates, "
-             "measured in the summary")
+             "steps whenever the buffer holds B (--step-when-held): the replay ratio is set by "
+             "the two speeds, measured in the summary" if cfg.step_when_held else
+             f"takes K={cfg.updates_per_round} steps for each round that arrives")
     lag = f"; a worker more than {cfg.max_lag} steps behind waits" if cfg.max_lag else ""
-    cap = (f"; a rollout leaves the buffer after {cfg.max_uses} uses (--max-uses)" if cfg.max_uses
+    cap = ("" if not cfg.step_when_held else
+           f"; a rollout leaves the buffer after {cfg.max_uses} uses (--max-uses)" if cfg.max_uses
            else "; no cap on a rollout's uses (--max-uses 0)")
     return (f"async: {n} generation worker process{'es' if n > 1 else ''} sampling rounds while "
             f"the trainer {waits}; weights published every {cfg.sync_every} step(s){lag}; a worker "

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict
 
 import rollout
-from infra import checkpoint, cli, distributed, loading, report
+from infra import checkpoint, cli, distributed, loading, report, runfolder
 
 
 def evaluate(run) -> float:
@@ -21,11 +21,11 @@ def evaluate(run) -> float:
     fns = loading.eval_rewards(task, run.reward_fn)     # eval_accuracy (GSM8K: strict, lenient)
     limit = run.cfg.max_new_tokens or task.max_new_tokens
     with run.pause_workers():           # async: nothing generated while the clock stands
-        # cut short (async, outside a round): nothing of it kept, a resume evaluates again
+        # cut short outside a round (async): nothing of it kept
         with run.stop.abortable(state), report.timed(state, "eval"):
             means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
                 run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
-        run.model.train()
+        run.model.train(run.cfg.gradient_checkpointing)     # as the steps run: train.py's
         scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
         run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
         with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
@@ -62,14 +62,21 @@ def save(run) -> str:
 
 
 def finish(run) -> dict:
-    """The last eval and checkpoint, the adapter, and the end-of-run summary."""
+    """The last eval, the adapter and the last checkpoint, and the end-of-run summary. The adapter,
+    the smallest, is written first: on a disk that fills up, what was trained is kept (DiskFull
+    then names it, ``kept``)."""
     state = run.state
     if state.last_eval_round != state.round:
-        with run.stop.round(run):       # a stop in it: saved before it, done again on resume
+        with run.stop.round(run, "the last eval"):  # a stop in it: done again on resume
             evaluate(run)
-    save(run)
+    adapter = os.path.join(run.out, "adapter")
+    checkpoint.save_adapter(run.model, adapter)
+    try:
+        save(run)
+    except runfolder.DiskFull as e:
+        e.kept = adapter
+        raise
     run.report.close()
-    checkpoint.save_adapter(run.model, os.path.join(run.out, "adapter"))
     report.summary(run.cfg, state, run.out)
     distributed.close()
     return {"first_accuracy": state.first_accuracy, "final_accuracy": state.last_accuracy,

@@ -176,6 +176,7 @@ class DiskFull(Exception):
     def __init__(self, run_dir: str, path: str, reason: str = DISK_FULL):
         super().__init__(path)
         self.run_dir, self.path, self.reason = run_dir, path, reason
+        self.kept = None        # what was written before it (the end of a run: its adapter)
 
 
 def no_space(e: BaseException | None, path: str | None = None) -> str | None:

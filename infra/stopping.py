@@ -50,7 +50,9 @@ def disk_full_message(e: runfolder.DiskFull) -> str:
             f"no checkpoint yet: {fix}, then {resume} starts the run again from its config"
             if os.path.isfile(os.path.join(e.run_dir, "config.json")) else
             f"nothing of the run was saved yet: {fix} and start it again")
-    return f"{e.reason}: {e.path} could not be written ({where}); {then}"
+    kept = (f"; the trained adapter was saved to {e.kept} (PeftModel.from_pretrained loads it) "
+            "before the checkpoint failed" if e.kept else "")
+    return f"{e.reason}: {e.path} could not be written ({where}){kept}; {then}"
 
 
 class Interrupted(BaseException):
@@ -163,7 +165,8 @@ class StopRequest:
     run's own) stops so: in a process forked from it (a reward's child) the handler does what the
     signal would do without it. With torchrun or generation workers nothing is cut short and no
     round start is copied: the loop saves where it stands at the end of the round (torchrun: every
-    process must reach the same collectives) or at its next step (async)."""
+    process must reach the same collectives) or at the end of its loop's turn (async: after the
+    round that arrived and its steps)."""
 
     def __init__(self, grace: float | None = None):
         self.owner = os.getpid()        # the run's own process
@@ -177,6 +180,7 @@ class StopRequest:
         self.run = None                 # watch(run): the run a give-up saves
         self.lock = threading.RLock()   # held by a save from the watchdog; the loop waits on it
         self.start = None               # the round under way as it began (``round``), or None
+        self.what = None                # that round, in words
         self.ending = False             # the loop saves its end (``end``): no give-up then
         self.previous = {s: signal.signal(s, self) for s in STOP_SIGNALS}
 
@@ -240,15 +244,16 @@ class StopRequest:
                 and not getattr(self.run.cfg, "generators", 0))
 
     @contextlib.contextmanager
-    def round(self, run):
-        """One round of the loop (or an eval that stands alone, the first and the last): its start
-        copied (``begin_round``), and within it the first signal raises Interrupted at once; any
-        ending inside saves the run as the round began (``end``). One process only: with torchrun
-        or workers the block runs to its end and the loop saves after it."""
+    def round(self, run, what: str | None = None):
+        """One round of the loop (or an eval that stands alone, the first and the last: ``what``,
+        in words): its start copied (``begin_round``), and within it the first signal raises
+        Interrupted at once; any ending inside saves the run as the round began (``end``). One
+        process only: with torchrun or workers the block runs to its end and the loop saves after
+        it."""
         if not self.copies_rounds():
             yield
             return
-        self.begin_round(run)
+        self.begin_round(run, what or f"round {run.state.round + 1}")
         try:
             if self.signum is not None:
                 raise Interrupted(signal.Signals(self.signum).name)
@@ -259,10 +264,11 @@ class StopRequest:
         with self.lock:                 # a save from the watchdog under way: wait (it exits)
             self.start = None
 
-    def begin_round(self, run) -> None:
+    def begin_round(self, run, what: str) -> None:
         """The run as it is now, the round's safe point, copied: the loop state, the prompt stream,
         torch's RNG streams, the buffer (its rollouts, their use counts, its sampler), and the
-        trainable weights and the optimizer's state (on the CPU: the LoRA weights, a few MB)."""
+        trainable weights and the optimizer's state, on the CPU (three times the adapter's size:
+        its weights and AdamW's two moments). what: the round, in words."""
         buffer = run.buffer
         weights = {name: p.detach().to("cpu", copy=True)
                    for name, p in run.model.named_parameters() if p.requires_grad}
@@ -272,6 +278,7 @@ class StopRequest:
                           list(buffer.items), [r.uses for r in buffer.items],
                           buffer.generator.get_state(), list(buffer.left_by_uses),
                           weights, optimizer)
+            self.what = what
 
     @contextlib.contextmanager
     def abortable(self, state=None):
@@ -308,10 +315,9 @@ class StopRequest:
         """What the run is doing, in words."""
         if self.run is None:
             return "loading (or building) the model" if self.run_dir is None else "the start"
-        if self.start is None:
-            return "the save between two rounds"
-        return f"round {self.start[0]['round'] + 1}" if self.start[0]["first_accuracy"] is not \
-            None else "the first eval"
+        if not self.copies_rounds():
+            return "the run (torchrun or generation workers: no round's start is copied)"
+        return "the save between two rounds" if self.start is None else self.what
 
     def rescue(self, reason: str, code: int = 1) -> None:
         """Exit at once, with one line: ``reason``, and the checkpoint of the run as the round under

@@ -79,10 +79,11 @@ def test_a_stalled_worker_is_named_the_run_saved_and_reuse_stays_within_the_cap(
 @pytest.mark.slow
 @linux
 def test_a_resume_takes_no_step_before_a_round_arrives(tmp_path, tiny_path):
-    """S = 0 steps on what the buffer holds, but a resumed buffer is not stepped on while the workers
-    load: the first row after the resume is a round's, and no rollout goes past --max-uses."""
+    """--step-when-held steps on what the buffer holds, but a resumed buffer is not stepped on while
+    the workers load: the first row after the resume is a round's, and no rollout goes past
+    --max-uses."""
     run = str(tmp_path / "run")
-    proc = start(run, "--max-rounds", "400", "--buffer-size", "32")
+    proc = start(run, "--max-rounds", "400", "--buffer-size", "32", "--step-when-held")
     wait_for_step(run, proc, steps=3)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)

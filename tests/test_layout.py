@@ -147,8 +147,8 @@ def test_the_loop_is_plain_and_runs_the_update_the_reader_studies():
     fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "train")
     body = ast.get_source_segment(source, fn)
     loop = body[body.index("while not budget_spent(run)"):]
-    order = ["state.round += 1", "draw_prompts(", "generate(", "add_to_buffer(", "holds(run, B, S)",
-             "for k in range(K)", "sample_batch(run, B)", "update_step(", "record_step(",
+    order = ["state.round += 1", "draw_prompts(", "generate(", "add_to_buffer(", "holds(run, my_B",
+             "for k in range(K)", "sample_batch(run, my_B)", "update_step(", "record_step(",
              "evaluate(run)", "end_of_round(run)", "finish(run)"]
     at = [loop.index(name) for name in order]
     assert at == sorted(at), "train(): the loop's steps out of the README's order"
@@ -166,7 +166,7 @@ def test_the_readme_has_a_reading_order_that_names_what_exists():
     order = " ".join(next(p for p in readme_section("Reading order").split("\n\n")
                           if p.startswith("1. ")).split())                          # the numbered list
     steps = re.findall(r"\d\. \*\*`(\w+\.py)`\*\*(.*?)(?= \d\. \*\*|$)", order)
-    assert [file for file, _ in steps] == ["replay_rl.py", "rollout.py", "buffer.py", "train.py"]
+    assert [file for file, _ in steps] == ["buffer.py", "rollout.py", "replay_rl.py", "train.py"]
     checked = 0
     for file, text in steps:
         defined = {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, file)).read()))

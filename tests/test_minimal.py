@@ -257,3 +257,30 @@ def test_the_plain_update_is_the_engineered_one_in_micro_batches(demo, stale_bat
     # the same step up to float32 rounding of sums over many tokens (a wrong normalization of a
     # micro-batch would be off by a share of the step itself)
     assert max((p - q).abs().max().item() for p, q, _ in trained) < 5e-6 * max(1.0, moved)
+
+
+def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeypatch):
+    """A second reader's traps in minimal.py's pieces: a model that ships a repetition penalty in
+    its generation_config had it applied by generate while log mu ignored it (now every setting
+    that changes the distribution is passed at its neutral value: the penalty never runs); a model
+    in training mode with LoRA dropout trained on rho up to 3.8 (now refused, in generate_rollouts
+    and update alike); a round larger than N evicted its own first rollouts (now refused)."""
+    import transformers
+    model, tokenizer = copy.deepcopy(demo[0]), demo[1]
+    calls = []
+    real = transformers.RepetitionPenaltyLogitsProcessor.__call__
+    monkeypatch.setattr(transformers.RepetitionPenaltyLogitsProcessor, "__call__",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    model.generation_config.repetition_penalty = 2.0
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0)
+    assert calls == []
+    lora_dropout = next(m for name, m in model.named_modules() if name.endswith("lora_dropout"))
+    lora_dropout["default"] = torch.nn.Dropout(0.05)        # as LoraConfig(lora_dropout=0.05)
+    model.train()
+    with pytest.raises(ValueError, match="training mode with dropout on: call model.eval"):
+        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0)
+    with pytest.raises(ValueError, match="training mode with dropout on"):
+        minimal.update(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                              lr=0.0), sampled[0], tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="17 rollouts added to a buffer of 16"):
+        minimal.ReplayBuffer(16, seed=0).add(sampled[0][:17])

@@ -85,11 +85,11 @@ def test_trap2_the_recorder_refuses_a_generate_that_would_not_sample_what_it_rec
 def test_trap3_top_p_below_1_is_refused(policy, addition):
     """The stored log mu is the full softmax(z / T); a nucleus cut (top_p < 1) draws from another
     distribution (0.13 nats apart on average at top_p = 0.5) while rho on fresh data stays 1.
-    Refused in one line, before any generation, by the function that samples."""
+    generate_rollouts takes no top_p (it passes 1, overriding the model's own: trap 1); the
+    recorder, copied alone, refuses one in the config it is given, in one line."""
     model, tokenizer = policy
     with pytest.raises(ValueError, match="top_p 0.5 < 1: the stored log mu would ignore"):
-        generate_rollouts(model, tokenizer, ["12+34="], addition.reward, num_generations=2,
-                          max_new_tokens=5, temperature=1.0, top_p=0.5, policy_version=0)
+        BehaviourLogProbs(model, GenerationConfig(do_sample=True, top_k=0, top_p=0.5))
     with pytest.raises(ValueError, match="top_p 0.9 < 1"):
         BehaviourLogProbs(model, GenerationConfig(do_sample=True, top_k=0, top_p=0.9))
 
@@ -486,15 +486,19 @@ def test_t3_update_step_refuses_active_dropout_in_training_mode(policy, addition
 
 def test_t4_collate_refuses_prompt_ids_that_carry_padding(policy, addition):
     """T4: prompt_ids sliced from a left-padded batch (sequences[i, :prompt_len]) kept their pads,
-    which collate laid out as prompt tokens: log pi and log mu 13 nats apart. Refused."""
+    which collate laid out as prompt tokens: log pi and log mu 13 nats apart; a right-padded
+    row (a second reader) gave rho 0.02. Both refused."""
     model, tokenizer = policy
     rollouts, _ = generate_rollouts(model, tokenizer, ["12+34=", "5+6="], addition.reward,
                                     num_generations=2, max_new_tokens=5, policy_version=0)
     pad = tokenizer.pad_token_id
     padded = rollouts[2]                                           # "5+6=", two shorter
-    padded.prompt_ids = torch.cat([torch.tensor([pad, pad]), padded.prompt_ids])
-    with pytest.raises(ValueError, match=f"prompt_ids begin with the pad id {pad}: store each"):
-        collate(rollouts, pad)
+    unpadded = padded.prompt_ids
+    for left, right in (([pad, pad], []), ([], [pad, pad])):      # a left- or right-padded row
+        padded.prompt_ids = torch.cat([torch.tensor(left, dtype=torch.long), unpadded,
+                                       torch.tensor(right, dtype=torch.long)])
+        with pytest.raises(ValueError, match=f"begin or end with the pad id {pad}: store each"):
+            collate(rollouts, pad)
 
 
 def test_t5_the_recorder_refuses_beam_search(policy):
@@ -519,3 +523,25 @@ def test_t5_the_recorder_refuses_beam_search(policy):
             continue
         with pytest.raises(ValueError, match="generate reordered its rows"):
             recorder.finish(completions)
+
+
+def test_a_mixture_of_experts_router_jitter_is_found_zeroed_and_refused():
+    """A second reader: Mixtral's router jitter (router_jitter_noise, a layer's jitter_noise) makes
+    the training forward random as dropout does (rho 1.016 at most on fresh data in training
+    mode), and the name-based scan missed it. It is found, refused in training mode, zeroed."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from infra.policy import dropout_off
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+        router_jitter_noise=0.2))
+    found = {attr for _, _, attr, rate in replay_rl.dropout_rates(model) if rate > 0}
+    assert "router_jitter_noise" in found
+    model.train()
+    with pytest.raises(ValueError, match="training mode with active dropout"):
+        replay_rl.refuse_active_dropout(model)
+    dropout_off(model)
+    replay_rl.refuse_active_dropout(model)
+    ids = torch.arange(1, 9)[None]
+    assert torch.equal(model(ids).logits, model(ids).logits)      # no longer random

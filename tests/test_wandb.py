@@ -62,6 +62,15 @@ def read_offline_runs(wandb_dir):
     return segments
 
 
+def later_aside(run, round: int) -> None:
+    """The checkpoints after ``round`` moved aside, as a resume from checkpoint-<round> asks."""
+    aside = run / f"after-round-{round}"
+    aside.mkdir()
+    for name in os.listdir(run):
+        if name.startswith("checkpoint-") and int(name.split("-")[1]) > round:
+            os.rename(run / name, aside / name)
+
+
 def test_wandb_offline_holds_each_line_once_across_resumes(tmp_path, tiny_path, monkeypatch, optional):
     """Three segments: rounds 1-2 without W&B; --resume with --report-to wandb to round 4 (the W&B
     run gets the earlier lines from metrics.jsonl); --resume from checkpoint-2 to round 6, so rounds
@@ -76,6 +85,7 @@ def test_wandb_offline_holds_each_line_once_across_resumes(tmp_path, tiny_path, 
     train.main(["--resume", str(run), "--max-rounds", "4", "--report-to", "wandb"])
     first = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert json.load(open(run / "wandb.json"))["lines"] == len(first)
+    later_aside(run, 2)
     train.main(["--resume", str(run / "checkpoint-2"), "--max-rounds", "6", "--report-to", "wandb"])
     final = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert final[-1]["round"] == 6 and len(final) > len(first)
@@ -111,6 +121,7 @@ def test_a_resume_that_changes_the_rerun_rounds_starts_a_new_wandb_run(tmp_path,
     os.makedirs(tmp_path / "wandb-dir")
     run = tmp_path / "run"
     train.main(SMALL + ["--output-dir", str(run), "--max-rounds", "4", "--report-to", "wandb"])
+    later_aside(run, 2)
     train.main(["--resume", str(run / "checkpoint-2"), "--lr", "3e-3"])
     final = [json.loads(line) for line in open(run / "metrics.jsonl")]
     segments = read_offline_runs(tmp_path / "wandb-dir")
