@@ -51,9 +51,9 @@ from infra.workers import Generators
 
 # ---- the two loops ---------------------------------------------------------------------------
 def train_async(run, sample_batch, take_step) -> None:
-    """The trainer, the README's async box. train.py's steps: sample_batch(run, B) (B from the
-    buffer, or None) and take_step(run, sampled, B) (update_step, timed and recorded). Returns
-    when the budget is in or a stop was asked (the caller saves)."""
+    """The trainer, the README's async box. train.py's steps: sample_batch(run, B, max_uses) (B
+    from the buffer, or None) and take_step(run, sampled, B) (update_step, timed and recorded).
+    Returns when the budget is in or a stop was asked (the caller saves)."""
     cfg, state = run.cfg, run.state
     with Generators(run, worker_loop) as workers:   # the processes; all stopped on the way out
         workers.publish(run.model, state.step)      # the weights the first rounds sample with
@@ -105,8 +105,9 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
 def store(run, rollouts: list[Rollout], gen: dict) -> int:
     """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
     drops), counted, its row. Returns the optimizer steps it makes due, as in the synchronous
-    loop: K once the buffer holds B (--lockstep, and S = 0), K for every S new rollouts stored
-    (S); with --step-when-held one (the trainer steps on while it waits for the next round)."""
+    loop: K for every S new rollouts stored (S > 0), else K once the buffer holds B; with
+    --step-when-held one (the trainer steps on while it waits for the next round). (--lockstep
+    comes with S = 0: cli.py refuses it with S.)"""
     cfg, state = run.cfg, run.state
     state.round += 1
     stored = run.buffer.add(rollouts)
@@ -118,7 +119,7 @@ def store(run, rollouts: list[Rollout], gen: dict) -> int:
     held = len(run.buffer) >= cfg.batch_size
     if cfg.step_when_held:
         return int(held)
-    if cfg.new_per_update and not cfg.lockstep:     # K for every S new ones
+    if cfg.new_per_update:                          # K for every S new ones
         state.new_since_step += stored
         due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)
         return cfg.updates_per_round * due
@@ -134,7 +135,8 @@ def step(run, workers, sample_batch, take_step) -> bool:
     cfg, state = run.cfg, run.state
     if len(run.buffer) < cfg.batch_size or not workers.delivered:
         return False
-    sampled = sample_batch(run, cfg.batch_size)
+    cap = cfg.max_uses if cfg.step_when_held and cfg.reuse and cfg.max_uses else None
+    sampled = sample_batch(run, cfg.batch_size, cap)        # --max-uses: at most that often
     if sampled is None:
         return False
     if not cfg.lockstep:                        # (lockstep: the next round waits for this step)

@@ -127,12 +127,21 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
                         when policy_version is given (a default of 0 would give negative ages)
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
+    Guards, and what they cannot see: a prompt that begins or ends with pad_id, and a completion
+    that ends with two of them (a row of a padded batch), are refused. Pass the pad id the prompts
+    were padded with: padding with another id (eos where the tokenizer pads with <pad>) passes
+    and is read as prompt tokens; a completion kept with one pad after its EOS passes too and
+    trains that pad. Store each rollout trimmed: the prompt's own tokens, the completion up to and
+    including its first EOS.
     """
     if any(len(r.prompt_ids) and pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1]))
            for r in rollouts):
         raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
                          "each prompt unpadded (not a row of a padded batch), else the pads are "
                          "read as prompt tokens and log pi_theta no longer matches log mu")
+    if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
+        raise ValueError(f"a rollout's completion_ids end with the pad id {pad_id} twice: store "
+                         "each completion up to and including its first EOS, not a padded row")
     temperatures = {rollout.temperature for rollout in rollouts}
     if len(temperatures) > 1:
         raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: "
@@ -161,26 +170,24 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
 def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tensor]:
     """collate's token tensors: input_ids, attention_mask, position_ids [batch, prompt_len +
     max_len], completion_mask and behaviour_logp [batch, max_len]."""
-    prompt_lens = torch.tensor([len(rollout.prompt_ids) for rollout in rollouts])
-    completion_lens = torch.tensor([len(rollout.completion_ids) for rollout in rollouts])
-    prompt_len, max_len = int(prompt_lens.max()), int(completion_lens.max())
-    # Masks of the cells that hold prompt and completion tokens. Boolean-mask assignment fills
-    # cells in row-major order, so writing the concatenated tokens through a mask places every
-    # rollout's tokens in its row: a per-rollout copy in a few vectorized ops.
-    column = torch.arange(prompt_len + max_len)
-    prompt_cells = (column >= prompt_len - prompt_lens[:, None]) & (column < prompt_len)
-    completion_cells = (column >= prompt_len) & (column < prompt_len + completion_lens[:, None])
-    input_ids = torch.full((len(rollouts), prompt_len + max_len), pad_id, dtype=torch.long)
-    input_ids[prompt_cells] = torch.cat([rollout.prompt_ids for rollout in rollouts])
-    input_ids[completion_cells] = torch.cat([rollout.completion_ids for rollout in rollouts])
-    attention_mask = (prompt_cells | completion_cells).long()
-    completion_mask = completion_cells[:, prompt_len:]
-    behaviour_logp = torch.zeros((len(rollouts), max_len))
-    behaviour_logp[completion_mask] = torch.cat([rollout.behaviour_logp for rollout in rollouts])
+    prompt_len = max(len(rollout.prompt_ids) for rollout in rollouts)
+    max_len = max(len(rollout.completion_ids) for rollout in rollouts)
+    n = len(rollouts)
+    input_ids = torch.full((n, prompt_len + max_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, prompt_len + max_len), dtype=torch.long)
+    behaviour_logp = torch.zeros((n, max_len))
+    for i, rollout in enumerate(rollouts):
+        start = prompt_len - len(rollout.prompt_ids)              # left-padded prompt
+        end = prompt_len + len(rollout.completion_ids)            # right-padded completion
+        input_ids[i, start:prompt_len] = rollout.prompt_ids
+        input_ids[i, prompt_len:end] = rollout.completion_ids
+        attention_mask[i, start:end] = 1
+        behaviour_logp[i, :len(rollout.completion_ids)] = rollout.behaviour_logp
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             # real tokens, as generate
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "completion_mask": completion_mask.float(), "behaviour_logp": behaviour_logp}
+            "completion_mask": attention_mask[:, prompt_len:].float(),
+            "behaviour_logp": behaviour_logp}
 
 
 # ---- variants: the paper's and ours, each off by default ---------------------------------------

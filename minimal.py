@@ -11,7 +11,7 @@ the time, so it knows how to carry but rarely does (0.35 of the held-out sums ri
 The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706). Each round:
   1. sample G completions for each of P prompts with the current policy pi_theta. The policy as it
      is now is the *behaviour policy* mu of these rollouts: store log mu(o_t) for every token o_t;
-  2. reward each completion (r), normalized in its group of G: A = (r - mean r) / (std r + eps);
+  2. reward each completion (r), normalized in its group of G: A = (r - mean r) / (std r + 1e-4);
   3. add the R = P x G rollouts to a FIFO buffer of capacity N (the oldest leave first);
   4. take K optimizer steps, each on B rollouts drawn uniformly from the buffer (distinct within a
      batch, not removed), so each rollout is used about y = K*B/R times (the replay ratio).
@@ -82,18 +82,23 @@ class Rollout:
 
 # ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
 @torch.no_grad()
-def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int):
-    """G samples of each prompt from softmax(z_t / T), as Rollouts with log mu and A; the mean
-    reward. The model must be in eval mode (no dropout: it samples the function it trains)."""
-    refuse_dropout(model)
+def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int,
+                      temperature: float):
+    """G samples of each prompt from softmax(z_t / T), T = temperature, as Rollouts with log mu and
+    A; the mean reward. The model must be in eval mode (no dropout: it samples the function it
+    trains)."""
+    refuse_training_mode(model)
+    refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
     eos = tokenizer.eos_token_id
-    # The settings that change the distribution from softmax(z_t / T), each at its neutral value:
-    # generate fills any left unset from the model's own generation_config (an instruct model's
-    # repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu, taken from
-    # softmax(z_t / T) below, would be of another distribution than the one that drew the token.
-    config = GenerationConfig(do_sample=True, num_beams=1, temperature=T, top_k=0, top_p=1.0,
+    # The common settings that change the distribution from softmax(z_t / T), each at its neutral
+    # value: generate fills any left unset from the model's own generation_config (an instruct
+    # model's repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu,
+    # taken from softmax(z_t / T) below, would be of another distribution than the one that drew
+    # the token. Those that act whenever set cannot be passed as off: refuse_acting_settings.
+    config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
+                              top_p=1.0,
                               min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
                               no_repeat_ngram_size=0, max_new_tokens=MAX_NEW_TOKENS,
                               eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
@@ -111,7 +116,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int)
     positions = (attention.cumsum(1) - 1).clamp(min=0)              # generate's, under left padding
     logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
     z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
-    behaviour_logp = torch.log_softmax(z / T, -1).gather(-1, completions[..., None]).squeeze(-1)
+    behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
+    behaviour_logp = behaviour_logp.squeeze(-1)
     # 2. rewards, and advantages within each group of G
     texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
@@ -125,19 +131,33 @@ def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int)
     return rollouts, rewards.mean().item()
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """A = (r - mean r) / (std r + eps) within each group (a row of rewards [P, G]), with the
+def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
+    """A = (r - mean r) / (std r + std_floor) within each group (a row of rewards [P, G]), with the
     sample std; a group of equal rewards gets exactly 0 (it teaches nothing)."""
     mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
     equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
-    return torch.where(equal, 0.0, (rewards - mean) / (std + eps))
+    return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
 
 
-def refuse_dropout(model) -> None:
-    """The model in training mode with dropout on would sample, or score, another function than
-    the one trained on (rho != 1 on fresh data): refused. (model.eval() turns dropout off.)"""
-    if any(m.training and m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout)):
-        raise ValueError("the model is in training mode with dropout on: call model.eval()")
+def refuse_training_mode(model) -> None:
+    """The model in training mode: refused. There dropout (nn.Dropout, and the rates layers pass
+    to F.dropout themselves) would make it sample, or score, another function than the one trained
+    on (rho != 1 on fresh data). model.eval() turns all of it off; gradients flow all the same."""
+    if model.training:
+        raise ValueError("the model is in training mode (dropout on): call model.eval()")
+
+
+def refuse_acting_settings(model) -> None:
+    """Refuses a model whose own generation_config holds a setting that acts whenever it is set
+    (generate would apply it, and log mu would not know): suppressed or forced tokens, banned
+    words, a sequence bias, a minimum length."""
+    acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
+                                "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
+                                "min_length", "min_new_tokens", "min_p", "watermarking_config")
+              if getattr(model.generation_config, name, None)]
+    if acting:
+        raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
+                         "from another distribution than softmax(z / T); unset them")
 
 
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
@@ -156,12 +176,12 @@ class ReplayBuffer:
             raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.items.maxlen}")
         self.items.extend(rollouts)
 
-    def sample(self, batch_size: int, policy_version: int) -> tuple[list[Rollout], list[int]]:
-        """B rollouts, their use counts raised; and their ages (steps since each was sampled)."""
+    def sample(self, batch_size: int) -> list[Rollout]:
+        """B distinct rollouts, uniformly at random; their use counts raised; they stay."""
         sampled = self.rng.sample(list(self.items), batch_size)
         for rollout in sampled:
             rollout.uses += 1
-        return sampled, [policy_version - rollout.policy_version for rollout in sampled]
+        return sampled
 
 
 # ---- 4. one optimizer step: collate, log pi_theta, the loss --------------------------------------
@@ -170,6 +190,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
     at the same column:  [pad pad p p p | c c c EOS pad]
     input_ids, attention_mask, position_ids [batch, prompt_len + max_len]; completion_mask and
     behaviour_logp [batch, max_len]; advantage [batch]."""
+    if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
+        raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
     prompt_len = max(len(r.prompt_ids) for r in rollouts)
     max_len = max(len(r.completion_ids) for r in rollouts)
     n = len(rollouts)
@@ -190,7 +212,7 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
             "advantage": torch.tensor([r.advantage for r in rollouts])}
 
 
-def completion_logp(model, cols: dict) -> torch.Tensor:
+def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
     """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
     with gradient. The logits at column j predict token j + 1, so the completion's tokens are
     scored by the max_len columns to their left (the last column predicts nothing: not fed)."""
@@ -199,32 +221,37 @@ def completion_logp(model, cols: dict) -> torch.Tensor:
                    attention_mask=cols["attention_mask"][:, :-1],
                    position_ids=cols["position_ids"][:, :-1]).logits[:, -max_len:]
     tokens = cols["input_ids"][:, -max_len:]
-    return torch.log_softmax(logits.float() / T, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(-1, tokens[..., None]).squeeze(-1)
 
 
-def policy_loss(logp, behaviour_logp, advantage, mask):
-    """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), the weight
-    w_t = min(rho_t, C) held constant; logp, behaviour_logp, mask [batch, max_len], advantage
-    [batch]. Padding is selected away (torch.where), never multiplied by 0: NaN * 0 is NaN."""
+def policy_loss(logp, behaviour_logp, advantage, mask, is_cap: float):
+    """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), C = is_cap,
+    the weight w_t = min(rho_t, C) held constant; logp, behaviour_logp, mask [batch, max_len],
+    advantage [batch] (one per rollout: a [batch, 1] would broadcast to [batch, batch, max_len]).
+    Padding is selected away (torch.where), never multiplied by 0: NaN * 0 is NaN."""
+    if advantage.shape != logp.shape[:1]:
+        raise ValueError(f"advantage {list(advantage.shape)}: one per rollout, [batch]")
     real = mask > 0
     logp = torch.where(real, logp, 0.0)
     rho = torch.exp(logp - torch.where(real, behaviour_logp, 0.0)).detach()    # no gradient
-    w = rho.clamp(max=C)
+    w = rho.clamp(max=is_cap)
     per_token = torch.where(real, -w * advantage[:, None] * logp, 0.0)
     tokens = mask.sum().clamp(min=1)
     metrics = {"is_ratio_mean": (rho * mask).sum().item() / tokens.item(),
-               "is_truncated_frac": ((rho > C) * mask).sum().item() / tokens.item()}
+               "is_truncated_frac": ((rho > is_cap) * mask).sum().item() / tokens.item()}
     return per_token.sum() / tokens, metrics
 
 
-def update(model, optimizer, rollouts: list[Rollout], pad_id: int) -> dict:
+def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: float,
+           is_cap: float) -> dict:
     """One step: the loss of the batch, backward, the gradient clipped at norm 1 (a guard against a
     rare huge step, not part of the method), skipped if the loss or gradient is NaN/inf (it would
     poison the weights and AdamW's moments for good)."""
-    refuse_dropout(model)
+    refuse_training_mode(model)
     cols = collate(rollouts, pad_id)
-    loss, metrics = policy_loss(completion_logp(model, cols), cols["behaviour_logp"],
-                                cols["advantage"], cols["completion_mask"])
+    loss, metrics = policy_loss(completion_logp(model, cols, temperature), cols["behaviour_logp"],
+                                cols["advantage"], cols["completion_mask"], is_cap)
     optimizer.zero_grad()
     loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -273,12 +300,13 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
     for round_ in range(1, rounds + 1):
         prompts = rng.sample(TRAIN_PROMPTS, P)
-        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, policy_version=step)
+        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, step, T)
         buffer.add(rollouts)                            # FIFO: past N, the oldest leave
         if len(buffer.items) >= B:                      # K steps, once the buffer holds B
             for _ in range(K):
-                sampled, ages = buffer.sample(B, policy_version=step)
-                metrics = update(model, optimizer, sampled, tokenizer.pad_token_id)
+                sampled = buffer.sample(B)
+                ages = [step - rollout.policy_version for rollout in sampled]
+                metrics = update(model, optimizer, sampled, tokenizer.pad_token_id, T, C)
                 step += 1                               # the policy's version: steps taken
         if round_ % 10 == 0 and step:
             log(f"round {round_}: reward {mean_reward:.2f}, is_ratio_mean "

@@ -47,10 +47,13 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     column to their left; only those max_len columns are computed. The logits z are divided by the
     sampling temperature T, as they were when mu sampled (rollouts that record another T raise):
         log pi_theta(o_t) = log softmax(z_t / T)[o_t] = z_t[o_t] / T - log sum exp(z_t / T)
-    Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient).
+    Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient). A
+    model in training mode with dropout on is refused (refuse_active_dropout): its log-probs would
+    be of another, random function than the one that sampled.
     """
     check_temperature(cols, temperature)
     check_layout(cols)
+    refuse_active_dropout(model)
     max_len = cols["completion_mask"].shape[1]
     # The last column is not fed: its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
@@ -208,13 +211,12 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, polic
     """One optimizer step on a batch of rollouts: one forward over the batch at the sampling
     temperature, the loss against the stored behaviour log-probs, backward, clip, step; a step
     whose loss or gradient is NaN/inf is skipped (metrics["skipped"] = 1). The model must compute
-    the function that sampled: with dropout active in training mode it refuses (rho != 1 even on
-    fresh data). loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau);
-    logp_fn: batch_loss's. train.py runs this step; infra/engineered_update.py takes the same
-    step in micro-batches, over processes or in fp16, when a flag asks for one (tests keep them
-    equal).
+    the function that sampled: with dropout active in training mode completion_logp refuses (rho
+    != 1 even on fresh data). loss_args: policy_loss's (loss_type, is_cap, epsilon,
+    normalization, asymre_tau); logp_fn: batch_loss's. train.py runs this step;
+    infra/engineered_update.py takes the same step in micro-batches, over processes or in fp16,
+    when a flag asks for one (tests keep them equal).
     """
-    refuse_active_dropout(model)
     cols = collate(rollouts, pad_id, policy_version, device=next(model.parameters()).device)
     loss, metrics, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                         logp_fn=logp_fn, **loss_args)

@@ -39,16 +39,20 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
-                      max_new_tokens: int, temperature: float = 1.0, fast=None,
+                      max_new_tokens: int, temperature: float = 1.0,
+                      fast: "FastDecoding | None" = None,
                       policy_version: int, shared_prefill=True) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now), as
     Rollouts: per token log mu(o_t); per rollout the reward r and A, normalized in its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``); reward_fn(prompt,
     completion) gets it too. policy_version: the model's optimizer steps now (no default). G = 1:
     A = 0 for all, and tis and ppo learn nothing (a round of equal-reward groups warns, once).
-    Refused: what in the model's generation_config changes the sampling (a nucleus cut, a
-    repetition penalty, ...), active dropout in training mode. fast, shared_prefill: the same
-    samples, faster. Returns (rollouts, prompt-major; stats)."""
+    The model's own generation_config cannot change the sampling: its top_k, top_p, repetition
+    penalty and the like are overridden with their neutral values, and what acts whenever it is
+    set (suppressed tokens, ...) is refused; so is active dropout in training mode. The same
+    samples, faster: fast, infra/fast_decoding.py's FastDecoding (a static KV cache kept for the
+    run on a GPU, --fast-generation), and shared_prefill, each prompt prefilled once for its G
+    samples (prefill_once). Returns (rollouts, prompt-major; stats)."""
     refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
@@ -132,17 +136,22 @@ class BehaviourLogProbs(LogitsProcessor):
     runs, with no second forward: z_t the logits that drew o_t, T the temperature, the same
     distribution the loss evaluates. Memory O(batch * vocab), not O(batch * max_len * vocab).
 
-    How: ``generate`` calls this processor once per new token t with z_t [batch, vocab] (before
-    the temperature), and o_t is drawn only after the processors ran. So call t keeps its
-    log-softmax, and the next call, whose input_ids end with o_t, gathers log mu(o_t) from it;
-    ``finish`` gathers the last token's. One recorder per generate call, sampling only.
+    How: ``generate`` runs its logits processors in order, once per new token t, then draws o_t
+    from the last one's output. It puts one passed in ``logits_processor`` (this one) after its
+    penalties and before its warpers (the temperature, top-k, ...); so this processor sees z_t
+    [batch, vocab] before the temperature (it divides by T itself), and with every penalty and
+    warper off (the guards) the distribution drawn from is softmax(z_t / T), the one recorded.
+    As o_t is drawn only after the processors ran, call t keeps its log-softmax, and the next
+    call, whose input_ids end with o_t, gathers log mu(o_t) from it; ``finish`` gathers the last
+    token's. One recorder per generate call, sampling only.
 
     Guards (below, in "the guards"): made with the generation_config that ``generate`` will be
     given, it refuses whatever there or in the model's own config would sample from another
     distribution (``sampling_changes``: top_k unset or not 0, top_p < 1, a repetition penalty,
     ...); at its first call it refuses a sampling keyword given to ``generate`` itself
-    (``check_processors``: ``temperature=0.5``, ``top_k=5``); ``finish`` refuses completions
-    whose tokens are not those it gathered (beam search reorders rows between calls).
+    (``check_processors``, which reads the processors generate built from the list that calls
+    this one, found on the call stack: ``temperature=0.5``, ``top_k=5``); ``finish`` refuses
+    completions whose tokens are not those it gathered (beam search reorders rows between calls).
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """

@@ -123,29 +123,30 @@ def training_mode(run: Run) -> None:
     run.model.train(run.cfg.gradient_checkpointing)
 
 
-def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
+def add_to_buffer(run: Run, rollouts: list, gen: dict, my_B: int, my_S: int) -> None:
     """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S, no more
     than the S new ones that make the updates due, or than the buffer lacks of the B it must
-    hold, whichever is more (the rest of the round is dropped, counted)."""
+    hold, whichever is more (the rest of the round is dropped, counted). my_B, my_S: this
+    process's share of B and S (all of them, alone)."""
     state = run.state
-    room = max(S - fresh(run), must_hold(run, B) - len(run.buffer))
-    stored = run.buffer.add(rollouts, limit=room if S else None)
+    room = max(my_S - fresh(run), must_hold(run, my_B) - len(run.buffer))
+    stored = run.buffer.add(rollouts, limit=room if my_S else None)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
 
 
-def holds(run: Run, B: int, S: int) -> bool:
+def holds(run: Run, my_B: int, my_S: int) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
     --learning-starts if more) and, with S, S rollouts of the current policy; in every process."""
-    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= S
+    due = len(run.buffer) >= must_hold(run, my_B) and fresh(run) >= my_S
     return distributed.every_rank(due)
 
 
-def must_hold(run: Run, B: int) -> int:
-    """B, or before the first update --learning-starts (this process's share) if more."""
+def must_hold(run: Run, my_B: int) -> int:
+    """B, or before the first update --learning-starts if more (this process's share)."""
     first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
-    return max(B, first)
+    return max(my_B, first)
 
 
 def fresh(run: Run) -> int:
@@ -153,19 +154,18 @@ def fresh(run: Run) -> int:
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
 
-def sample_batch(run: Run, B: int) -> list | None:
-    """B rollouts sampled uniformly from the buffer, their uses counted, or None: too few are left
-    (used once with --no-reuse, or older than --max-age), in any process. With --step-when-held
-    a rollout used --max-uses times leaves."""
+def sample_batch(run: Run, my_B: int, max_uses: int | None = None) -> list | None:
+    """B rollouts sampled uniformly from the buffer (this process's share), their uses counted, or
+    None: too few are left (used once with --no-reuse, or older than --max-age), in any process.
+    max_uses (async_rl.py's, with --step-when-held): a rollout used that often leaves, counted."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    if not distributed.every_rank(len(run.buffer) >= B):
+    if not distributed.every_rank(len(run.buffer) >= my_B):
         return None
-    cap = cfg.max_uses if cfg.step_when_held and cfg.reuse and cfg.max_uses else None
     held = len(run.buffer)
-    sampled = run.buffer.sample(B, remove=not cfg.reuse, max_uses=cap,
+    sampled = run.buffer.sample(my_B, remove=not cfg.reuse, max_uses=max_uses,
                                 policy_version=state.step)
-    state.retired_at_cap += held - len(run.buffer) if cap else 0
+    state.retired_at_cap += held - len(run.buffer) if max_uses else 0
     return sampled
 
 
@@ -301,8 +301,9 @@ class Config:
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
         "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
-    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (at most "
-        "S): each used K*B/S times, filtered or not; S = B = N: on-policy. 0: each round")
+    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (a round "
+        "stores no more than they, and a buffer still filling, need): each used K*B/S times, "
+        "filtered or not; S = B = N: on-policy. 0: K updates each round")
     learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
         "the synchronous loop); 0 = B. Staleness without reuse: --no-reuse --new-per-update B "
         "--learning-starts N (one use each, at ages ~N/B - 1)")

@@ -179,6 +179,7 @@ def chunked_completion_logp(model, cols: dict[str, torch.Tensor], temperature: f
         raise ValueError(f"chunk must be at least 1 token, got {chunk}")
     check_temperature(cols, temperature)
     check_layout(cols)
+    refuse_active_dropout(model)
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = causal_lm.get_output_embeddings()
     if (getattr(causal_lm.config, "model_type", None) not in PLAIN_HEAD_MODELS

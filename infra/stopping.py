@@ -451,7 +451,10 @@ def dying_with_trainer(ctx):
     (spawn's interpreter is a setting of the whole process)."""
     import multiprocessing.spawn
 
-    folder = tempfile.mkdtemp(prefix="replay-rl-") if sys.platform.startswith("linux") else ""
+    if sys.platform.startswith("linux"):
+        remove_launchers_left()
+    folder = (tempfile.mkdtemp(prefix=f"replay-rl-{os.getpid()}-")
+              if sys.platform.startswith("linux") else "")
     if not folder or os.statvfs(folder).f_flag & os.ST_NOEXEC:   # worker_main asks itself
         if folder:
             os.rmdir(folder)
@@ -467,6 +470,35 @@ def dying_with_trainer(ctx):
         multiprocessing.spawn.set_executable(os.fsdecode(executable))
         shutil.rmtree(folder, ignore_errors=True)
     return undo
+
+
+def remove_launchers_left() -> list[str]:
+    """The launcher folders (replay-rl-<pid>-*) of trainers no longer alive, removed: a trainer
+    killed with SIGKILL, or one that failed while its workers started, could not remove its own.
+    Says how many, if any. Returns their paths."""
+    import glob
+    left = []
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), "replay-rl-*-*")):
+        pid = os.path.basename(folder).split("-")[2]
+        if not pid.isdigit() or alive(int(pid)) or not os.path.isdir(folder):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        left.append(folder)
+    if left:
+        say(f"removed {len(left)} launcher folder(s) of trainers that ended without removing "
+            f"them (killed): {', '.join(left)}")
+    return left
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this id exists (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 LAUNCHER = """import ctypes, os, sys

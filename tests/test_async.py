@@ -325,12 +325,21 @@ def test_ctrl_c_to_the_process_group_saves_and_resume_finishes_the_run(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, PR_SET_PDEATHSIG")
-def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path):
+def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path, capsys):
+    """No worker outlives it; its launcher folder ($TMPDIR/replay-rl-<pid>-*, which it could not
+    remove) is removed by the next trainer that starts workers, which says so (issue 69, 6)."""
+    import glob
+    import tempfile
+    from infra import stopping
     run, proc = running(tmp_path, "--max-rounds", "400")
     assert children(proc.pid)                   # the worker
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert session_gone(proc.pid)
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"replay-rl-{proc.pid}-*"))
+    assert len(left) == 1 and os.path.exists(os.path.join(left[0], "worker-python"))
+    assert left[0] in stopping.remove_launchers_left()       # what the next start runs first
+    assert not os.path.exists(left[0]) and "removed 1 launcher folder" in capsys.readouterr().err
 
 
 REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),

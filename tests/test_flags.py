@@ -427,7 +427,7 @@ def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     monkeypatch.setattr(minimal, "get_peft_model", lambda base, config: base)
     monkeypatch.setattr(minimal, "evaluate", lambda model, tok, prompts:
                         (w.evaluated.append(len(prompts)), 0.25)[1])
-    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, policy_version:
+    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, version, T:
                         (w.generated.append(prompts), ([], 0.0))[1])
     value, check = MINIMAL[name]
     w.result = minimal.main(**{name: value(w)})

@@ -166,7 +166,7 @@ def test_the_readme_has_a_reading_order_that_names_what_exists():
     order = " ".join(next(p for p in readme_section("Reading order").split("\n\n")
                           if p.startswith("1. ")).split())                          # the numbered list
     steps = re.findall(r"\d\. \*\*`(\w+\.py)`\*\*(.*?)(?= \d\. \*\*|$)", order)
-    assert [file for file, _ in steps] == ["buffer.py", "rollout.py", "replay_rl.py", "train.py"]
+    assert [file for file, _ in steps] == ["buffer.py", "replay_rl.py", "rollout.py", "train.py"]
     checked = 0
     for file, text in steps:
         defined = {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, file)).read()))

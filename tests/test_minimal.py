@@ -46,7 +46,7 @@ def sampled(demo):
     """minimal.generate_rollouts' rollouts of 6 prompts (G = 8), converted to buffer.Rollout."""
     model, tokenizer = demo
     torch.manual_seed(1)
-    mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], 0)
+    mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], 0, minimal.T)
     theirs = [buffer.Rollout(prompt_ids=r.prompt_ids, completion_ids=r.completion_ids,
                              behaviour_logp=r.behaviour_logp, reward=r.reward,
                              advantage=r.advantage, policy_version=0, baseline=0.0,
@@ -82,7 +82,7 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
                                              r.reward, r.advantage, 0) for r in recorded],
                             tokenizer.pad_token_id)
     with torch.no_grad():
-        logp = minimal.completion_logp(model, batch)
+        logp = minimal.completion_logp(model, batch, minimal.T)
     mask = batch["completion_mask"].bool()
     assert (logp[mask] - batch["behaviour_logp"][mask]).abs().max() < 1e-5
 
@@ -124,7 +124,8 @@ def test_the_loss_and_its_gradient_equal_the_modules(demo, sampled):
         logp, _ = replay_rl.completion_logp(model, cols, minimal.T)
     mu = stale(logp, 0)
     a_in, b_in = logp.clone().requires_grad_(), logp.clone().requires_grad_()
-    a, metrics = minimal.policy_loss(a_in, mu, cols["advantage"], cols["completion_mask"])
+    a, metrics = minimal.policy_loss(a_in, mu, cols["advantage"], cols["completion_mask"],
+                                     minimal.C)
     b, theirs_metrics = replay_rl.policy_loss(b_in, mu, cols["advantage"], cols["completion_mask"],
                                               is_cap=minimal.C)
     a.backward()
@@ -140,7 +141,8 @@ def test_the_loss_by_hand():
     L = -(2 * 2 * log pi_1 + 0.5 * 2 * log pi_2) / 2, and the padding cell (NaN) counts not."""
     logp = torch.tensor([[-0.5, -1.0, float("nan")]], requires_grad=True)
     mu = torch.tensor([[-0.5 - torch.log(torch.tensor(3.0)).item(), -1.0 + 0.6931471805599453, 0]])
-    loss, m = minimal.policy_loss(logp, mu, torch.tensor([2.0]), torch.tensor([[1.0, 1.0, 0.0]]))
+    loss, m = minimal.policy_loss(logp, mu, torch.tensor([2.0]), torch.tensor([[1.0, 1.0, 0.0]]),
+                                  2.0)
     assert loss.item() == pytest.approx(-(4 * -0.5 + 1 * -1.0) / 2, rel=1e-6)
     loss.backward()
     assert logp.grad[0, :2].tolist() == pytest.approx([-2.0, -0.5], rel=1e-6)
@@ -154,8 +156,7 @@ def both_steps(model, tokenizer, mine, theirs, max_grad_norm, step=None):
     weights after the two steps, the largest move of one step)."""
     ours, other = copy.deepcopy(model), copy.deepcopy(model)
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
-    a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id) if max_grad_norm == 1.0 \
-        else None
+    a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id, minimal.T, minimal.C)
     b = (step or replay_rl.update_step)(other, sgd(other), theirs, pad_id=tokenizer.pad_token_id,
                                         policy_version=0, max_grad_norm=max_grad_norm,
                                         temperature=minimal.T, is_cap=minimal.C)
@@ -209,10 +210,10 @@ def test_the_fifo_buffer_evicts_the_oldest_and_counts_uses():
     buf.add(made[:2])
     buf.add(made[2:])
     assert [r.policy_version for r in buf.items] == [2, 3, 4]         # 0 and 1 left first
-    batch, ages = buf.sample(3, policy_version=6)
+    batch = buf.sample(3)
     assert sorted(r.policy_version for r in batch) == [2, 3, 4]       # distinct within a batch
-    assert sorted(ages) == [2, 3, 4] and all(r.uses == 1 for r in buf.items)
-    buf.sample(2, policy_version=6)
+    assert all(r.uses == 1 for r in buf.items)
+    buf.sample(2)
     assert sum(r.uses for r in buf.items) == 5                        # they stay: drawn again
 
 
@@ -262,9 +263,11 @@ def test_the_plain_update_is_the_engineered_one_in_micro_batches(demo, stale_bat
 def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeypatch):
     """A second reader's traps in minimal.py's pieces: a model that ships a repetition penalty in
     its generation_config had it applied by generate while log mu ignored it (now every setting
-    that changes the distribution is passed at its neutral value: the penalty never runs); a model
-    in training mode with LoRA dropout trained on rho up to 3.8 (now refused, in generate_rollouts
-    and update alike); a round larger than N evicted its own first rollouts (now refused)."""
+    that changes the distribution is passed at its neutral value: the penalty never runs; one that
+    acts whenever set is refused); a model in training mode with dropout trained on rho up to 3.8
+    (now refused, in generate_rollouts and update alike); a round larger than N evicted its own
+    first rollouts; an advantage of [batch, 1] broadcast; a padded prompt passed collate (now each
+    refused)."""
     import transformers
     model, tokenizer = copy.deepcopy(demo[0]), demo[1]
     calls = []
@@ -272,15 +275,26 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     monkeypatch.setattr(transformers.RepetitionPenaltyLogitsProcessor, "__call__",
                         lambda self, *a: calls.append(1) or real(self, *a))
     model.generation_config.repetition_penalty = 2.0
-    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0)
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
     assert calls == []
-    lora_dropout = next(m for name, m in model.named_modules() if name.endswith("lora_dropout"))
-    lora_dropout["default"] = torch.nn.Dropout(0.05)        # as LoraConfig(lora_dropout=0.05)
-    model.train()
-    with pytest.raises(ValueError, match="training mode with dropout on: call model.eval"):
-        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0)
-    with pytest.raises(ValueError, match="training mode with dropout on"):
+    model.generation_config.suppress_tokens = [5]
+    with pytest.raises(ValueError, match=r"generation_config sets \['suppress_tokens'\]"):
+        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    model.generation_config.suppress_tokens = None
+    model.train()                   # the rates Llama passes to F.dropout itself act there too
+    with pytest.raises(ValueError, match=r"training mode \(dropout on\): call model.eval"):
+        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    with pytest.raises(ValueError, match="training mode"):
         minimal.update(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
-                                              lr=0.0), sampled[0], tokenizer.pad_token_id)
+                                              lr=0.0), sampled[0], tokenizer.pad_token_id,
+                       minimal.T, minimal.C)
+    model.eval()
+    with pytest.raises(ValueError, match=r"advantage \[6, 1\]: one per rollout"):
+        minimal.policy_loss(torch.zeros(6, 3), torch.zeros(6, 3), torch.zeros(6, 1),
+                            torch.ones(6, 3), 2.0)
+    padded = copy.copy(sampled[0][0])
+    padded.prompt_ids = torch.cat([padded.prompt_ids, torch.tensor([tokenizer.pad_token_id])])
+    with pytest.raises(ValueError, match="begins or ends with the pad id"):
+        minimal.collate([padded], tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="17 rollouts added to a buffer of 16"):
         minimal.ReplayBuffer(16, seed=0).add(sampled[0][:17])

@@ -141,9 +141,10 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
     rollouts[0].advantage = rollouts[1].advantage = 1.0       # a gradient, whatever the rewards
     steps = [lambda m, opt: update_step(m, opt, rollouts, pad_id=tokenizer.pad_token_id,
                                         policy_version=0, temperature=1.5),
-             lambda m, opt: minimal.update(m, opt, [
+             lambda m, opt: minimal.update(m.eval(), opt, [
                  minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
-                                 r.advantage, 0) for r in rollouts], tokenizer.pad_token_id)]
+                                 r.advantage, 0) for r in rollouts], tokenizer.pad_token_id,
+                 1.5, 2.0)]
     for step in steps:
         trained = copy.deepcopy(model)
         params = [p for p in trained.parameters() if p.requires_grad]
