@@ -98,10 +98,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int,
     # taken from softmax(z_t / T) below, would be of another distribution than the one that drew
     # the token. Those that act whenever set cannot be passed as off: refuse_acting_settings.
     config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
-                              top_p=1.0,
-                              min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
-                              no_repeat_ngram_size=0, max_new_tokens=MAX_NEW_TOKENS,
-                              eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+                              top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                              repetition_penalty=1.0, no_repeat_ngram_size=0,
+                              max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos,
+                              pad_token_id=tokenizer.pad_token_id)
     sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
     prompt_len = enc.input_ids.shape[1]
     completions = sequences[:, prompt_len:]
@@ -153,7 +153,8 @@ def refuse_acting_settings(model) -> None:
     words, a sequence bias, a minimum length."""
     acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
                                 "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
-                                "min_length", "min_new_tokens", "min_p", "watermarking_config")
+                                "min_length", "min_new_tokens", "min_p", "top_h",
+                                "exponential_decay_length_penalty", "watermarking_config")
               if getattr(model.generation_config, name, None)]
     if acting:
         raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
@@ -192,6 +193,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
     behaviour_logp [batch, max_len]; advantage [batch]."""
     if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
         raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
+    if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
+        raise ValueError("a completion ends with the pad id twice: trim it after its first EOS")
     prompt_len = max(len(r.prompt_ids) for r in rollouts)
     max_len = max(len(r.completion_ids) for r in rollouts)
     n = len(rollouts)
@@ -216,6 +219,7 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
     """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
     with gradient. The logits at column j predict token j + 1, so the completion's tokens are
     scored by the max_len columns to their left (the last column predicts nothing: not fed)."""
+    refuse_training_mode(model)
     max_len = cols["completion_mask"].shape[1]
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],

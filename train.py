@@ -197,10 +197,9 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
     run.report.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
                            **report.buffer_counts(run.buffer, state),
                            "lr": run.optimizer.param_groups[0]["lr"]})
-    if state.skipped_in_a_row >= cfg.max_skipped_steps:
-        distributed.exit_all(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss "
-                             "or gradient (skipped, weights unchanged); lower --lr or check the "
-                             "reward")
+    if state.skipped_in_a_row >= cfg.max_skipped_steps:     # one line, the run saved (stopping)
+        raise SystemExit(f"error: {state.skipped_in_a_row} steps in a row had a NaN/inf loss or "
+                         "gradient (skipped, weights unchanged); lower --lr or check the reward")
 
 
 def record_idle_round(run: Run) -> None:

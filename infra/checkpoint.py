@@ -470,8 +470,13 @@ def save(run_dir: str, state: dict, config: dict, *, model, optimizer, buffer, r
     if distributed.is_main():
         with signals_held():            # a second Ctrl-C waits: never between the two renames
             swap_in(tmp, final, old)
-        for r in rounds(run_dir)[:-config["keep_checkpoints"]]:
-            remove_round(run_dir, r)
+        left = [path for r in rounds(run_dir)[:-config["keep_checkpoints"]]
+                for path in remove_round(run_dir, r)]
+        if os.path.exists(old):         # swap_in could not remove the one it replaced
+            left.append(f"{old} (not removed)")
+        if left:                        # the checkpoint is whole; only the old ones stay
+            distributed.print0(f"checkpoint: saved {final}, but could not remove "
+                               f"{', '.join(left)}; remove them by hand", file=sys.stderr)
     distributed.barrier()
     return final
 
@@ -549,10 +554,19 @@ def restore(saved: Checkpoint, *, model, optimizer, buffer, rng) -> None:
     rng.setstate((version, tuple(internal), gauss))
 
 
-def remove_round(run_dir: str, round: int) -> None:
-    """A round's checkpoint folder, and what a killed save of it left."""
+def remove_round(run_dir: str, round: int) -> list[str]:
+    """A round's checkpoint folder, and what a killed save of it left. Returns what could not be
+    removed, as 'path (reason)' (too many open files, a folder not ours, ...)."""
+    left = []
     for name in (f"checkpoint-{round}", f".tmp-checkpoint-{round}", f".old-checkpoint-{round}"):
-        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+        path = os.path.join(run_dir, name)
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            left.append(f"{path} ({e.strerror or e})")
+    return left
 
 
 def optimizer_file_size(optimizer) -> int | None:

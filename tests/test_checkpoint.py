@@ -308,7 +308,9 @@ def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, mon
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
     with pytest.raises(SystemExit) as e:
         train.main(SMALL + ["--output-dir", str(tmp_path), "--max-rounds", "50", "--max-skipped-steps", "3"])
-    assert e.value.code == 1 and "3 steps in a row" in capsys.readouterr().err
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert e.value.code == 1 and len(err) == 1 and "3 steps in a row" in err[0], err   # one line
+    assert "checkpoint saved to" in err[0] and "SystemExit" not in err[0]
     rows = step_rows(tmp_path)
     assert [r["skipped"] for r in rows] == [1, 1, 1] and rows[-1]["skipped_steps"] == 3
 

@@ -277,6 +277,13 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     model.generation_config.repetition_penalty = 2.0
     minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
     assert calls == []
+    calls.clear()
+    warper = transformers.EpsilonLogitsWarper.__call__
+    monkeypatch.setattr(transformers.EpsilonLogitsWarper, "__call__",
+                        lambda self, *a: calls.append(1) or warper(self, *a))
+    model.generation_config.epsilon_cutoff = 0.2        # a third reader's: overridden now
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    assert calls == []
     model.generation_config.suppress_tokens = [5]
     with pytest.raises(ValueError, match=r"generation_config sets \['suppress_tokens'\]"):
         minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
@@ -284,6 +291,9 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     model.train()                   # the rates Llama passes to F.dropout itself act there too
     with pytest.raises(ValueError, match=r"training mode \(dropout on\): call model.eval"):
         minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    with pytest.raises(ValueError, match="training mode"):
+        minimal.completion_logp(model, minimal.collate(sampled[0][:2], tokenizer.pad_token_id),
+                                minimal.T)
     with pytest.raises(ValueError, match="training mode"):
         minimal.update(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
                                               lr=0.0), sampled[0], tokenizer.pad_token_id,
@@ -296,5 +306,10 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     padded.prompt_ids = torch.cat([padded.prompt_ids, torch.tensor([tokenizer.pad_token_id])])
     with pytest.raises(ValueError, match="begins or ends with the pad id"):
         minimal.collate([padded], tokenizer.pad_token_id)
+    untrimmed = copy.copy(sampled[0][0])
+    untrimmed.completion_ids = torch.cat([untrimmed.completion_ids,
+                                          torch.tensor([tokenizer.pad_token_id] * 2)])
+    with pytest.raises(ValueError, match="ends with the pad id twice"):
+        minimal.collate([untrimmed], tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="17 rollouts added to a buffer of 16"):
         minimal.ReplayBuffer(16, seed=0).add(sampled[0][:17])
