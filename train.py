@@ -401,6 +401,7 @@ class Run:
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
     stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts the round short
     pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
+    saved: dict | None = None       # the loop state the last checkpoint of this process holds
 
 
 if __name__ == "__main__":

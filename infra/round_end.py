@@ -57,8 +57,11 @@ def budget_spent(run) -> bool:
 
 
 def save(run) -> str:
-    return checkpoint.save(run.out, asdict(run.state), asdict(run.cfg), model=run.model,
+    """The run's checkpoint as it stands (checkpoint-<round>); the round it saved, in run."""
+    path = checkpoint.save(run.out, asdict(run.state), asdict(run.cfg), model=run.model,
                            optimizer=run.optimizer, buffer=run.buffer, rng=run.rng)
+    run.saved = asdict(run.state)
+    return path
 
 
 def finish(run) -> dict:
@@ -72,7 +75,8 @@ def finish(run) -> dict:
     adapter = os.path.join(run.out, "adapter")
     checkpoint.save_adapter(run.model, adapter)
     try:
-        save(run)
+        if run.saved != asdict(state):  # not saved as it stands (--save-every saved this round)
+            save(run)
     except runfolder.DiskFull as e:
         e.kept = adapter
         raise
