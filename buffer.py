@@ -111,7 +111,7 @@ class ReplayBuffer:
 
 
 def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = None,
-            device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+            device: torch.device | str | None = None) -> dict[str, torch.Tensor | float]:
     """Pad a list of rollouts into one batch for a training forward.
 
     Prompts are left-padded and completions right-padded, so every completion starts at the

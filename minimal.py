@@ -82,11 +82,11 @@ class Rollout:
 
 # ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
 @torch.no_grad()
-def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int,
-                      temperature: float):
+def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
+                      max_new_tokens: int, temperature: float, policy_version: int):
     """G samples of each prompt from softmax(z_t / T), T = temperature, as Rollouts with log mu and
-    A; the mean reward. The model must be in eval mode (no dropout: it samples the function it
-    trains)."""
+    A (reward_fn(prompt, completion) -> r); the mean reward. The model must be in eval mode (no
+    dropout: it samples the function it trains)."""
     refuse_training_mode(model)
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
@@ -100,7 +100,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int,
     config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
                               top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
                               repetition_penalty=1.0, no_repeat_ngram_size=0,
-                              max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos,
+                              max_new_tokens=max_new_tokens, eos_token_id=eos,
                               pad_token_id=tokenizer.pad_token_id)
     sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
     prompt_len = enc.input_ids.shape[1]
@@ -121,7 +121,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], policy_version: int,
     # 2. rewards, and advantages within each group of G
     texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
-    rewards = torch.tensor([reward(prompts[i // G], text) for i, text in enumerate(texts)])
+    rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
     rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
                         completion_ids=completions[i, :length[i]],
@@ -218,7 +218,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
 def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
     """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
     with gradient. The logits at column j predict token j + 1, so the completion's tokens are
-    scored by the max_len columns to their left (the last column predicts nothing: not fed)."""
+    scored by the max_len columns to their left (the last column predicts nothing: not fed).
+    (replay_rl.completion_logp returns the same log-probs and, beside them, the entropy.)"""
     refuse_training_mode(model)
     max_len = cols["completion_mask"].shape[1]
     logits = model(input_ids=cols["input_ids"][:, :-1],
@@ -229,7 +230,7 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
     return logp.gather(-1, tokens[..., None]).squeeze(-1)
 
 
-def policy_loss(logp, behaviour_logp, advantage, mask, is_cap: float):
+def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
     """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), C = is_cap,
     the weight w_t = min(rho_t, C) held constant; logp, behaviour_logp, mask [batch, max_len],
     advantage [batch] (one per rollout: a [batch, 1] would broadcast to [batch, batch, max_len]).
@@ -242,8 +243,8 @@ def policy_loss(logp, behaviour_logp, advantage, mask, is_cap: float):
     w = rho.clamp(max=is_cap)
     per_token = torch.where(real, -w * advantage[:, None] * logp, 0.0)
     tokens = mask.sum().clamp(min=1)
-    metrics = {"is_ratio_mean": (rho * mask).sum().item() / tokens.item(),
-               "is_truncated_frac": ((rho > is_cap) * mask).sum().item() / tokens.item()}
+    metrics = {"is_ratio_mean": torch.where(real, rho, 0.0).sum().item() / tokens.item(),
+               "is_truncated_frac": (real & (rho > is_cap)).sum().item() / tokens.item()}
     return per_token.sum() / tokens, metrics
 
 
@@ -255,7 +256,7 @@ def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: 
     refuse_training_mode(model)
     cols = collate(rollouts, pad_id)
     loss, metrics = policy_loss(completion_logp(model, cols, temperature), cols["behaviour_logp"],
-                                cols["advantage"], cols["completion_mask"], is_cap)
+                                cols["advantage"], cols["completion_mask"], is_cap=is_cap)
     optimizer.zero_grad()
     loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -268,15 +269,15 @@ def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: 
 
 # ---- the eval: greedy accuracy on held-out prompts ------------------------------------------
 @torch.no_grad()
-def evaluate(model, tokenizer, prompts: list[str]) -> float:
+def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: int) -> float:
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)
-    config = GenerationConfig(do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                               eos_token_id=tokenizer.eos_token_id,
                               pad_token_id=tokenizer.pad_token_id)
     completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    return sum(reward(p, t) for p, t in zip(prompts, texts)) / len(prompts)
+    return sum(reward_fn(p, t) for p, t in zip(prompts, texts)) / len(prompts)
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -300,11 +301,13 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer, step = ReplayBuffer(N, seed), 0
-    accuracy = [evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts])]
+    accuracy = [evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts], reward, MAX_NEW_TOKENS)]
     log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
     for round_ in range(1, rounds + 1):
         prompts = rng.sample(TRAIN_PROMPTS, P)
-        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, step, T)
+        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, reward, G=G,
+                                                   max_new_tokens=MAX_NEW_TOKENS, temperature=T,
+                                                   policy_version=step)
         buffer.add(rollouts)                            # FIFO: past N, the oldest leave
         if len(buffer.items) >= B:                      # K steps, once the buffer holds B
             for _ in range(K):
@@ -317,7 +320,8 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                 f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
                 f"{metrics['is_truncated_frac']:.3f}, mean age {sum(ages) / len(ages):.1f} steps")
         if round_ % eval_every == 0 or round_ == rounds:
-            accuracy.append(evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts]))
+            accuracy.append(evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts], reward,
+                                     MAX_NEW_TOKENS))
             log(f"round {round_}: held-out accuracy {accuracy[-1]:.3f}")
     return accuracy
 

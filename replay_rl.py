@@ -50,6 +50,10 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient). A
     model in training mode with dropout on is refused (refuse_active_dropout): its log-probs would
     be of another, random function than the one that sampled.
+    train.py hands update_step another function by default (--logp-chunk 256, logp_fn):
+    infra/engineered_update.py's chunked_completion_logp, these values (tested within 1e-5) without
+    the [batch, max_len, vocab] logits, which a real vocabulary makes gigabytes.
+    --logp-chunk 0 runs this one.
     """
     check_temperature(cols, temperature)
     check_layout(cols)
@@ -95,7 +99,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
                          f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
                          "one is out of range")
-    term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)   # [batch, 1]
+    # what multiplies log pi_theta: A for tis and ppo, r - (V - tau) for asymre; [batch, 1]
+    term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)
     real = mask > 0         # selects (torch.where), never multiplies: NaN * 0 at padding is NaN
     logp = torch.where(real, logp, 0.0)
     behaviour_logp = torch.where(real, behaviour_logp.detach(), 0.0)

@@ -120,7 +120,7 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
         input_ids, attention_mask, extra = prefill_once(
             model, prompt_ids, pad_id, G, cache=fast and extra[fast.cache_arg])
-    # with the KV cache
+    # P * G completions, from the prefilled cache in extra if any; the recorder called once a token
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
@@ -138,9 +138,15 @@ class BehaviourLogProbs(LogitsProcessor):
 
     How: ``generate`` runs its logits processors in order, once per new token t, then draws o_t
     from the last one's output. It puts one passed in ``logits_processor`` (this one) after its
-    penalties and before its warpers (the temperature, top-k, ...); so this processor sees z_t
-    [batch, vocab] before the temperature (it divides by T itself), and with every penalty and
-    warper off (the guards) the distribution drawn from is softmax(z_t / T), the one recorded.
+    penalties and before its warpers (the temperature, top-k, ...: transformers 5.x,
+    GenerationMixin._get_logits_processor); so this processor sees z_t [batch, vocab] before the
+    temperature (it divides by T itself), and with every penalty and warper off (the guards) the
+    distribution drawn from is softmax(z_t / T), the one recorded. That order is not trusted:
+    check_processors reads the list at the first call and refuses any other.
+    Use it through sample_completions, which gives ``generate`` the generation_config the
+    recorder was made with. A generate call without that config decodes greedily (do_sample
+    unset), and greedy tokens are not draws from the recorded softmax: check_processors refuses
+    a decoding loop that does not sample.
     As o_t is drawn only after the processors ran, call t keeps its log-softmax, and the next
     call, whose input_ids end with o_t, gathers log mu(o_t) from it; ``finish`` gathers the last
     token's. One recorder per generate call, sampling only.
@@ -158,8 +164,9 @@ class BehaviourLogProbs(LogitsProcessor):
 
     def __init__(self, model, generation_config: GenerationConfig):
         refuse_sampling_changes(model, generation_config)
+        # the T generate will sample at: the config's, if unset the model's own, else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
-                            or 1.0)                 # as generate reads it
+                            or 1.0)
         self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
         self.token_logp: list[torch.Tensor] = []    # log mu of each token so far, each [batch]
         self.tokens: list[torch.Tensor] = []        # those tokens, each [batch]
@@ -171,8 +178,10 @@ class BehaviourLogProbs(LogitsProcessor):
             raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
                                "generate call")
         if self.prev_logp is None:                  # the first call: generate's processors,
-            # read from the LogitsProcessorList that calls this one (its __call__'s self)
-            check_processors(sys._getframe(1).f_locals.get("self"), self, input_ids.shape[1])
+            # read from the LogitsProcessorList that calls this one (its __call__'s self), and
+            # whether the decoding loop that calls that list samples (generate's _sample)
+            check_processors(sys._getframe(1).f_locals.get("self"), self, input_ids.shape[1],
+                             sys._getframe(2).f_locals.get("do_sample"))
         self._gather_prev(input_ids[:, -1])         # log mu of the token the last call drew
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
@@ -269,15 +278,26 @@ def refuse_sampling_changes(model, generation_config: GenerationConfig) -> None:
                          "rollout.PLAIN_SAMPLING's values, unset the others")
 
 
-def check_processors(processors, recorder: BehaviourLogProbs, length: int) -> None:
-    """Refuses, in one line, the processors generate runs beside the recorder that would sample
-    from another distribution than the recorded softmax(z_t / T): a sampling keyword given to
-    generate itself (a temperature warper of another T, or none with T != 1; any other but a
-    minimum length already reached). processors: the calling LogitsProcessorList (anything else,
-    e.g. a direct call: no check); length: the tokens of input_ids now."""
+def check_processors(processors, recorder: BehaviourLogProbs, length: int,
+                     do_sample: bool | None = None) -> None:
+    """Refuses, in one line, what would make generate draw from another distribution than the
+    recorded softmax(z_t / T): a decoding loop that does not sample (do_sample False: greedy, a
+    generate call without the recorder's config); a temperature warper before the recorder (the
+    recorder would divide by T twice); a sampling keyword given to generate itself (a temperature
+    warper of another T, or none with T != 1; any other processor but a minimum length already
+    reached). processors: the calling LogitsProcessorList (anything else, e.g. a direct call: no
+    check); length: the tokens of input_ids now; do_sample: the decoding loop's (None: unknown)."""
     if not isinstance(processors, LogitsProcessorList):
         return
+    if do_sample is False:
+        raise ValueError("generate is decoding greedily (do_sample is not set), but the recorder "
+                         "records log mu of sampling: give generate the generation_config the "
+                         "recorder was made with (sample_completions does)")
     T = recorder.temperature
+    mine = next(i for i, p in enumerate(processors) if p is recorder)
+    if any(isinstance(p, TemperatureLogitsWarper) for p in list(processors)[:mine]):
+        raise ValueError("generate applies its temperature before the recorder, which divides by "
+                         "T itself: this transformers orders its processors otherwise than 5.x")
     temperatures = [p.temperature for p in processors if isinstance(p, TemperatureLogitsWarper)]
     others = [type(p).__name__ for p in processors if p is not recorder
               and not isinstance(p, TemperatureLogitsWarper)

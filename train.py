@@ -83,7 +83,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                         with report.timed(state, "train"):
                             metrics = update_step(run.model, run.optimizer, batch,
                                                   **step_args(run))
-                        record_step(run, metrics, B)        # the version + 1; its row
+                        record_step(run, metrics, B)        # state.step (the version) + 1
                 else:
                     record_idle_round(run)
                 if eval_due(run):
@@ -124,13 +124,16 @@ def training_mode(run: Run) -> None:
 
 
 def add_to_buffer(run: Run, rollouts: list, gen: dict, my_B: int, my_S: int) -> None:
-    """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S, no more
-    than the S new ones that make the updates due, or than the buffer lacks of the B it must
-    hold, whichever is more (the rest of the round is dropped, counted). my_B, my_S: this
-    process's share of B and S (all of them, alone)."""
+    """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
+    default) all of them. With S > 0, no more than the S new ones that make the updates due, or
+    than the buffer lacks of the B it must hold, whichever is more (the rest of the round is
+    dropped, counted). my_B, my_S: this process's share of B and S (all of them, alone)."""
     state = run.state
-    room = max(my_S - fresh(run), must_hold(run, my_B) - len(run.buffer))
-    stored = run.buffer.add(rollouts, limit=room if my_S else None)
+    if my_S == 0:
+        limit = None                                            # every rollout
+    else:
+        limit = max(my_S - fresh(run), must_hold(run, my_B) - len(run.buffer))
+    stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
@@ -289,6 +292,7 @@ class Config:
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")
+    # a flag only so that --top-p 0.9 is refused with the reason, not as an unknown flag
     top_p: float = opt(1.0, "nucleus sampling: 1 only (the stored log mu is the whole softmax "
         "of z / T; a nucleus cut would make every importance ratio wrong)", choices=(1.0,))
     # replay

@@ -1,8 +1,8 @@
-"""Write replay_rl.ipynb from its twin replay_rl.py, the source that is reviewed and edited.
+"""Write walkthrough.ipynb from its twin walkthrough.py, the source that is reviewed and edited.
 
-    python notebooks/build.py          # after editing notebooks/replay_rl.py
+    python notebooks/build.py          # after editing notebooks/walkthrough.py
 
-replay_rl.py is in jupytext's "percent" format: '# %%' starts a code cell, '# %% [markdown]' a
+walkthrough.py is in jupytext's "percent" format: '# %%' starts a code cell, '# %% [markdown]' a
 markdown cell whose lines are comments. The notebook is written without outputs;
 tests/test_notebook.py checks that the committed one is what this script writes.
 """
@@ -12,7 +12,7 @@ import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE, NOTEBOOK = os.path.join(HERE, "replay_rl.py"), os.path.join(HERE, "replay_rl.ipynb")
+SOURCE, NOTEBOOK = os.path.join(HERE, "walkthrough.py"), os.path.join(HERE, "walkthrough.ipynb")
 
 
 def cells(text: str) -> list[dict]:

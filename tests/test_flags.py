@@ -425,9 +425,9 @@ def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     monkeypatch.setattr(minimal, "AutoModelForCausalLM", types.SimpleNamespace(
         from_pretrained=loaded))
     monkeypatch.setattr(minimal, "get_peft_model", lambda base, config: base)
-    monkeypatch.setattr(minimal, "evaluate", lambda model, tok, prompts:
+    monkeypatch.setattr(minimal, "evaluate", lambda model, tok, prompts, reward_fn, new_tokens:
                         (w.evaluated.append(len(prompts)), 0.25)[1])
-    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, version, T:
+    monkeypatch.setattr(minimal, "generate_rollouts", lambda model, tok, prompts, reward_fn, **kw:
                         (w.generated.append(prompts), ([], 0.0))[1])
     value, check = MINIMAL[name]
     w.result = minimal.main(**{name: value(w)})

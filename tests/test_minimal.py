@@ -16,6 +16,9 @@ from infra.engineered_update import update_step_engineered
 from infra.policy import load_policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# minimal.generate_rollouts' settings other than the model, tokenizer and prompts: the demo's
+ARGS = dict(reward_fn=minimal.reward, G=minimal.G, max_new_tokens=minimal.MAX_NEW_TOKENS,
+            temperature=minimal.T, policy_version=0)
 
 
 def test_minimal_imports_nothing_of_the_project():
@@ -46,7 +49,7 @@ def sampled(demo):
     """minimal.generate_rollouts' rollouts of 6 prompts (G = 8), converted to buffer.Rollout."""
     model, tokenizer = demo
     torch.manual_seed(1)
-    mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], 0, minimal.T)
+    mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], **ARGS)
     theirs = [buffer.Rollout(prompt_ids=r.prompt_ids, completion_ids=r.completion_ids,
                              behaviour_logp=r.behaviour_logp, reward=r.reward,
                              advantage=r.advantage, policy_version=0, baseline=0.0,
@@ -125,7 +128,7 @@ def test_the_loss_and_its_gradient_equal_the_modules(demo, sampled):
     mu = stale(logp, 0)
     a_in, b_in = logp.clone().requires_grad_(), logp.clone().requires_grad_()
     a, metrics = minimal.policy_loss(a_in, mu, cols["advantage"], cols["completion_mask"],
-                                     minimal.C)
+                                     is_cap=minimal.C)
     b, theirs_metrics = replay_rl.policy_loss(b_in, mu, cols["advantage"], cols["completion_mask"],
                                               is_cap=minimal.C)
     a.backward()
@@ -142,7 +145,7 @@ def test_the_loss_by_hand():
     logp = torch.tensor([[-0.5, -1.0, float("nan")]], requires_grad=True)
     mu = torch.tensor([[-0.5 - torch.log(torch.tensor(3.0)).item(), -1.0 + 0.6931471805599453, 0]])
     loss, m = minimal.policy_loss(logp, mu, torch.tensor([2.0]), torch.tensor([[1.0, 1.0, 0.0]]),
-                                  2.0)
+                                  is_cap=2.0)
     assert loss.item() == pytest.approx(-(4 * -0.5 + 1 * -1.0) / 2, rel=1e-6)
     loss.backward()
     assert logp.grad[0, :2].tolist() == pytest.approx([-2.0, -0.5], rel=1e-6)
@@ -275,22 +278,22 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     monkeypatch.setattr(transformers.RepetitionPenaltyLogitsProcessor, "__call__",
                         lambda self, *a: calls.append(1) or real(self, *a))
     model.generation_config.repetition_penalty = 2.0
-    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     assert calls == []
     calls.clear()
     warper = transformers.EpsilonLogitsWarper.__call__
     monkeypatch.setattr(transformers.EpsilonLogitsWarper, "__call__",
                         lambda self, *a: calls.append(1) or warper(self, *a))
     model.generation_config.epsilon_cutoff = 0.2        # a third reader's: overridden now
-    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     assert calls == []
     model.generation_config.suppress_tokens = [5]
     with pytest.raises(ValueError, match=r"generation_config sets \['suppress_tokens'\]"):
-        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     model.generation_config.suppress_tokens = None
     model.train()                   # the rates Llama passes to F.dropout itself act there too
     with pytest.raises(ValueError, match=r"training mode \(dropout on\): call model.eval"):
-        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], 0, minimal.T)
+        minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     with pytest.raises(ValueError, match="training mode"):
         minimal.completion_logp(model, minimal.collate(sampled[0][:2], tokenizer.pad_token_id),
                                 minimal.T)
@@ -301,7 +304,7 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     model.eval()
     with pytest.raises(ValueError, match=r"advantage \[6, 1\]: one per rollout"):
         minimal.policy_loss(torch.zeros(6, 3), torch.zeros(6, 3), torch.zeros(6, 1),
-                            torch.ones(6, 3), 2.0)
+                            torch.ones(6, 3), is_cap=2.0)
     padded = copy.copy(sampled[0][0])
     padded.prompt_ids = torch.cat([padded.prompt_ids, torch.tensor([tokenizer.pad_token_id])])
     with pytest.raises(ValueError, match="begins or ends with the pad id"):

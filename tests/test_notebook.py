@@ -1,4 +1,4 @@
-"""notebooks/replay_rl.ipynb: built from its .py twin, committed without outputs, and run top to
+"""notebooks/walkthrough.ipynb: built from its .py twin, committed without outputs, and run top to
 bottom on CPU with the small settings (REPLAY_RL_NOTEBOOK_SMALL=1), its teaching cells checked."""
 import importlib.util
 import json
@@ -18,7 +18,7 @@ def test_committed_notebook_is_its_py_twin_built_without_outputs():
         expected = build.render(f.read())
     with open(build.NOTEBOOK) as f:
         committed = f.read()
-    assert committed == expected, "notebooks/replay_rl.ipynb is stale: run python notebooks/build.py"
+    assert committed == expected, "notebooks/walkthrough.ipynb is stale: run python notebooks/build.py"
     cells = json.loads(committed)["cells"]
     code = [c for c in cells if c["cell_type"] == "code"]
     assert code and all(c["outputs"] == [] and c["execution_count"] is None for c in code)

@@ -82,6 +82,26 @@ def test_trap2_the_recorder_refuses_a_generate_that_would_not_sample_what_it_rec
     assert (pi - mu)[:, 0].abs().max() < 1e-5       # the first token: no padding before it
 
 
+def test_the_recorder_refuses_a_generate_that_decodes_greedily(policy):
+    """The third reader's T4: a recorder made with a sampling config, generate called without that
+    config. generate then decodes greedily (the demo's do_sample is unset): at T = 1 nothing
+    objected, the G "samples" were identical and the recorded log mu was that of a softmax the
+    tokens were not drawn from. The recorder refuses at its first call, in one line; with the
+    config it records (the sampling path runs)."""
+    model, tokenizer = policy
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=3,
+                              eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    enc = tokenizer(["12+34="] * 4, return_tensors="pt", add_special_tokens=False)
+    assert not model.generation_config.do_sample
+    with pytest.raises(ValueError, match="decoding greedily"):
+        model.generate(**enc, max_new_tokens=3, pad_token_id=tokenizer.pad_token_id,
+                       logits_processor=[BehaviourLogProbs(model, config)])
+    recorder = BehaviourLogProbs(model, config)
+    out = model.generate(**enc, generation_config=config, logits_processor=[recorder])
+    assert recorder.finish(out[:, enc.input_ids.shape[1]:])[0].shape == (4, out.shape[1] - 6)
+
+
 def test_trap3_top_p_below_1_is_refused(policy, addition):
     """The stored log mu is the full softmax(z / T); a nucleus cut (top_p < 1) draws from another
     distribution (0.13 nats apart on average at top_p = 0.5) while rho on fresh data stays 1.
