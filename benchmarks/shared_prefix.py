@@ -3,7 +3,7 @@ against the plain forward, side by side in one process, one thread, the arms' or
 round so that a load on the machine falls on all alike; and how often a batch drawn from the
 buffer shares its prompts. Writes docs/results/shared_prefix_cpu.json.
 
-    python benchmarks/shared_prefix.py --quiet-cores        # SmolLM2, ~10 min on one quiet core
+    python benchmarks/shared_prefix.py --quiet-cores        # SmolLM2, about 10 min, one thread
     python benchmarks/shared_prefix.py --model tiny --rounds 1 --output /tmp/shared_prefix.json
                                                             # a smoke test (the demo model)
 
@@ -44,6 +44,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -121,10 +122,12 @@ def batch_of(name: str, model, tokenizer, task, cfg, seed: int = 0) -> list:
     model.eval()
     torch.manual_seed(seed)
     prompts = random.Random(seed).sample(task.train_prompts, setting["prompts"])
-    rollouts, _ = rollout.generate_rollouts(
-        model, tokenizer, prompts, task.reward, num_generations=setting["generations"],
-        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens, temperature=cfg.temperature,
-        policy_version=0)
+    with warnings.catch_warnings():             # "equal rewards in every group": A is set below
+        warnings.simplefilter("ignore", UserWarning)
+        rollouts, _ = rollout.generate_rollouts(
+            model, tokenizer, prompts, task.reward, num_generations=setting["generations"],
+            max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
+            temperature=cfg.temperature, policy_version=0)
     # advantages of both signs: a gradient whatever the rewards were
     rollouts = [dataclasses.replace(r, advantage=(i % 3) - 1.0) for i, r in enumerate(rollouts)]
     if setting["drawn"]:
