@@ -352,6 +352,9 @@ def config_problem(cfg) -> str | None:
                 "gradient are 0; use 0.1 or more (evaluate.py scores greedy decoding)")
     if not 0 < cfg.epsilon < 1:
         return f"--epsilon {cfg.epsilon}: must be in (0, 1)"
+    if cfg.shared_prefix and cfg.gradient_checkpointing:
+        return ("--shared-prefix with --gradient-checkpointing: a checkpointed layer runs without "
+                "its KV cache in training mode, and the shared prefix is that cache; use one")
     return None
 
 
