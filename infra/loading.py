@@ -6,8 +6,13 @@ loads (a prompt longer than the model's context, for one).
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import dataclasses
+import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -168,9 +173,15 @@ class RewardTimeout(BaseException):
 
 
 class RewardError(Exception):
-    """A reward that raised, returned no finite number or took too long, under --on-reward-error
-    raise: one line naming the prompt, the completion and the cause. train.py saves the run at its
-    last safe point (the generation or eval it cut short is done again on resume) and exits."""
+    """A reward that raised, returned no finite number, took too long or ended its process, under
+    --on-reward-error raise: one line naming the prompt, the completion and the cause. train.py
+    saves the run at its last safe point (the generation or eval it cut short is done again on
+    resume) and exits."""
+
+
+class RewardFailed(Exception):
+    """What went wrong in the reward's own process, in words: its exception as ``Type: message``,
+    or how the process ended (an exit code, a signal)."""
 
 
 def ignored_timeout(reason: str, code: int = 1) -> None:
@@ -180,23 +191,39 @@ def ignored_timeout(reason: str, code: int = 1) -> None:
     try:
         print(reason, file=sys.stderr, flush=True)
     finally:
+        end_reward_processes()
         os._exit(code)
 
 
 class CheckedReward:
     """The task's reward(prompt, completion), checked: a finite float, within ``timeout`` seconds
-    (0: no limit). One that raises, returns something else or takes longer raises RewardError,
-    one line naming the prompt and the completion, or (--on-reward-error zero) scores 0 and is
-    counted in ``errors``. The time limit is a SIGALRM timer, so it holds in the main thread of a
-    POSIX system only (elsewhere no limit); a call blocked in C code that never checks for
-    signals, or a reward that cancels the timer or replaces its handler, is not cut, but counts as
-    timed out when it returns after its limit. A reward that catches the timeout and runs on for
-    another ``timeout`` seconds ends the process through ``stuck`` (train.py: the run is saved as
-    it was before the generation or eval, stopping.StopRequest.rescue)."""
+    (0: no limit). One that raises, returns something else, takes longer or ends its process
+    raises RewardError, one line naming the prompt and the completion, or (--on-reward-error
+    zero) scores 0 and is counted in ``errors``.
 
-    def __init__(self, reward, on_error: str, timeout: float = 0.0):
+    With a time limit the reward runs in a process of its own (``RewardProcess``: forked from this
+    one at the first call, so a closure or a lambda runs as it is; one process for the run), so a
+    call can always be cut: one stuck in C code that never releases the interpreter lock is
+    ended at the limit (with its process group: what the reward started ends with it), and a
+    signal to the run is never held up by it. A reward that ends its process (os._exit, a
+    segfault) is named. The value is the one the reward returned, checked there, sent back as a
+    float. Without a time limit (``timeout`` 0), or where there is no fork (Windows), the reward
+    runs in this process, as a plain call.
+
+    Inside either process the limit is also a SIGALRM timer (``timed``), which cuts a call in
+    Python code without ending its process; a reward that catches the timeout and runs on for
+    another ``timeout`` seconds ends through ``stuck`` (train.py: the run is saved as it was
+    before the generation or eval, stopping.StopRequest.rescue)."""
+
+    def __init__(self, reward, on_error: str, timeout: float = 0.0, own_group: bool = True):
         self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
         self.stuck = ignored_timeout    # (reason, exit code): what ends a reward that ignored it
+        self.expiring = lambda: None    # called when the timer first fires (RewardProcess: said)
+        # the reward's own process: with a time limit, where there is fork. own_group: it leads
+        # a process group (killed whole); False where this process leads one that is killed
+        # whole at the end (a generation worker's)
+        self.isolated = timeout > 0 and hasattr(os, "fork")
+        self.own_group, self.process = own_group, None
 
     def timed(self, prompt: str, completion: str):
         """The reward's value, or RewardTimeout if the call took longer than the limit (measured
@@ -217,6 +244,7 @@ class CheckedReward:
                 self.stuck(f"error: the reward function ignored its --reward-timeout of "
                            f"{self.timeout:g} s on prompt {prompt!r}: it caught the timeout (a "
                            f"bare except?) and ran on for {self.timeout:g} s more", 1)
+            self.expiring()
             raise RewardTimeout(late)
         host_delay, host_interval = signal.setitimer(signal.ITIMER_REAL, 0)   # paused meanwhile
         previous = signal.signal(signal.SIGALRM, expire)
@@ -236,11 +264,220 @@ class CheckedReward:
 
     def __call__(self, prompt: str, completion: str) -> float:
         try:
+            if self.isolated:
+                return self.in_process_of_its_own(prompt, completion)
             return tasks.real_number(self.timed(prompt, completion))
         except (Exception, RewardTimeout) as e:
             if self.on_error != "zero":
+                cause = str(e) if isinstance(e, RewardFailed) else f"{type(e).__name__}: {e}"
                 raise RewardError(f"the reward function failed on prompt {prompt!r} with "
-                                  f"completion {completion!r}: {type(e).__name__}: {e} "
+                                  f"completion {completion!r}: {cause} "
                                   "(--on-reward-error zero scores such cases 0)") from None
             self.errors += 1
             return 0.0
+
+    def close(self) -> None:
+        """The reward's process ended, with what it started (the next call starts another)."""
+        if self.process is not None:
+            self.process.end()
+
+    def in_process_of_its_own(self, prompt: str, completion: str) -> float:
+        """The call in the reward's own process (started at the first call, and again after one
+        that had to be ended); what it raised there raised here: an exception as RewardFailed
+        (its words kept), the timeout as RewardTimeout, sys.exit and KeyboardInterrupt as they
+        are. Anything that cuts the call short here (a signal's stop, the limit) ends that
+        process, with what it started."""
+        if self.process is None or self.process.ended:
+            try:
+                self.process = RewardProcess(self.reward, self.timeout, self.own_group)
+            except OSError as e:        # no fork here (a process limit): a plain call from now on
+                self.isolated = False
+                print(f"note: the reward runs in the run's own process (a process of its own "
+                      f"could not be started: {e}); a call stuck in C code cannot be cut",
+                      file=sys.stderr, flush=True)
+                return tasks.real_number(self.timed(prompt, completion))
+        try:
+            kind, *said = self.process.ask(prompt, completion, self.timeout)
+        except BaseException:
+            self.process.end()
+            raise
+        if kind == "value":
+            return said[0]
+        if kind == "ignored":           # it caught the timeout and ran on: it has ended itself
+            self.process.end()
+            self.stuck(*said)
+        if kind == "exit":
+            raise SystemExit(said[0])
+        if kind == "interrupt":
+            raise KeyboardInterrupt
+        raise RewardTimeout(said[0]) if kind == "timeout" else RewardFailed(said[0])
+
+
+# ---- the reward's own process --------------------------------------------------------------------
+MARGIN = 1.0    # s past the limit: the reward's process says a timeout itself (SIGALRM) before
+LIVE = {}       # pid -> (leads a group of its own, the pid of the process that started it)
+
+
+class RewardProcess:
+    """The reward's process: forked from the run's (a copy of it: the reward as it is, closures
+    and all; the model's memory shared until either writes it), one for the run, asked one call at
+    a time over a pipe. It ignores Ctrl-C and SIGHUP (the run stops, then ends it), dies with the
+    process that started it (Linux), and leads a process group of its own (own_group), so that
+    ending it ends what the reward started. ``ask`` waits for the answer with signals heard, so a
+    stop is never held up by the reward."""
+
+    def __init__(self, reward, timeout: float, own_group: bool):
+        import multiprocessing.connection
+        import warnings
+
+        self.ended = False
+        here, there = multiprocessing.connection.Pipe()
+        report.flush_stdout()           # what stdout holds, written once (not by both)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)     # no stop between fork and
+        try:                                                        # the process known as ours
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)     # fork with threads
+                pid = os.fork()
+            if pid == 0:
+                try:
+                    here.close()
+                    serve(reward, timeout, there, own_group)
+                finally:
+                    os._exit(0)
+            if own_group:
+                with contextlib.suppress(OSError):      # (it does so too: no race either way)
+                    os.setpgid(pid, pid)
+            LIVE[pid] = (own_group, os.getpid())
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        there.close()
+        self.pid, self.conn, self.status = pid, here, None
+        self.answered = select.poll()                  # lighter than conn.poll at each call
+        self.answered.register(here.fileno(), select.POLLIN)
+
+    def ask(self, prompt: str, completion: str, timeout: float) -> tuple:
+        """The answer to one call: (kind, ...): value, timeout, error, exit, interrupt, ignored.
+        RewardTimeout where the process said nothing by the limit (plus MARGIN; twice the limit
+        once it said its timer fired: it may be running on, having caught it), RewardFailed where
+        it ended."""
+        start = time.monotonic()
+        self.conn.send((prompt, completion))
+        deadline = start + timeout + MARGIN if timeout else None
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.answered.poll(None if left is None else math.ceil(left * 1000)):
+                raise RewardTimeout(f"took longer than {timeout:g} s (--reward-timeout) and did "
+                                    "not return to Python (C code that holds the interpreter "
+                                    "lock?): its process was ended")
+            try:
+                answer = self.conn.recv()
+            except (EOFError, OSError):
+                raise RewardFailed(self.how_it_ended()) from None
+            if answer[0] != "expired":
+                return answer
+            deadline = start + 2 * timeout + MARGIN
+
+    def how_it_ended(self) -> str:
+        """The process ended in the middle of a call, in words."""
+        with contextlib.suppress(ChildProcessError):
+            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        LIVE.pop(self.pid, None)
+        if self.status is not None and self.status < 0:
+            name = signal.Signals(-self.status).name
+            return (f"its process (pid {self.pid}) was killed by {name}"
+                    + (" (the OOM killer, or kill -9?)" if name == "SIGKILL" else ""))
+        return (f"its process (pid {self.pid}) ended with exit code {self.status} (os._exit in "
+                "the reward?)")
+
+    def end(self) -> None:
+        """The process ended (SIGKILL; with its group: what the reward started) and reaped."""
+        if not self.ended:
+            self.ended = True
+            self.conn.close()
+            end_process(self.pid)
+
+    def __del__(self):
+        if not getattr(self, "ended", True) and self.pid in (LIVE or {}):    # (None at shutdown)
+            self.end()
+
+
+STOPS = {getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)}
+
+
+def end_process(pid: int) -> None:
+    """A reward's process ended with SIGKILL (its group, if it leads one), and reaped."""
+    own_group, owner = LIVE.pop(pid, (False, os.getpid()))
+    if owner != os.getpid():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if own_group else os.kill)(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def end_reward_processes() -> None:
+    """Every reward process this process started, ended: at the end of a run (stopping.main),
+    at exit, and before an os._exit (which runs no clean-up)."""
+    for pid, (_, owner) in list(LIVE.items()):
+        if owner == os.getpid():
+            end_process(pid)
+
+
+atexit.register(end_reward_processes)
+
+
+def serve(reward, timeout: float, conn, own_group: bool) -> None:
+    """The reward's process: one call at a time, each answered as (kind, ...), until the pipe
+    closes. Its time limit is the same SIGALRM timer (CheckedReward.timed), said to the run when
+    it first fires; a call that catches it and runs on ends this process (ignored)."""
+    parent = os.getppid()
+    if own_group:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+    for name in ("SIGINT", "SIGHUP"):           # the run stops, then ends this process
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    LIVE.clear()                                # the run's other processes are not ours
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)       # PR_SET_PDEATHSIG: dies with the run
+            libc.prctl(15, b"replay-reward")    # PR_SET_NAME: so in ps -o comm, top
+    if os.getppid() != parent:                  # the run died before that
+        return
+    torch.set_num_threads(1)                    # a forked OpenMP pool of the run's would hang
+    checked = CheckedReward(reward, "raise", timeout)
+    checked.expiring = lambda: conn.send(("expired",))
+
+    def stuck(reason: str, code: int) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(("ignored", reason, code))
+        os._exit(code)
+    checked.stuck = stuck
+    while True:
+        try:
+            prompt, completion = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer = ("value", tasks.real_number(checked.timed(prompt, completion)))
+        except RewardTimeout as e:
+            answer = ("timeout", str(e))
+        except SystemExit as e:
+            answer = ("exit", e.code if isinstance(e.code, (int, str, type(None))) else
+                      repr(e.code))
+        except KeyboardInterrupt:
+            answer = ("interrupt",)
+        except BaseException as e:
+            answer = ("error", f"{type(e).__name__}: {e}")
+        for stream in (sys.stdout, sys.stderr):     # what the reward printed, now
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        try:
+            conn.send(answer)
+        except (OSError, ValueError):
+            return

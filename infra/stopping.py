@@ -148,6 +148,7 @@ def main(config_class, train, argv, doc: str) -> dict:
         stop.interrupted_again(e)
     finally:
         stop.restore()
+        loading.end_reward_processes()  # the reward's process, and what it started
         runfolder.unlock_runs()
         report.flush_stdout()           # `train.py | head`: no BrokenPipeError at exit
 
@@ -159,7 +160,8 @@ class StopRequest:
     start is the safe point, copied when it began: the loop state, the prompt stream, torch's RNG
     streams, the buffer, the trainable weights and the optimizer's state). Between rounds (a
     checkpoint being written) the loop finishes what it does and saves there. What does not return
-    to Python within ``grace`` seconds (a reward stuck in C code, a step that hangs) is given up
+    to Python within ``grace`` seconds (a step that hangs; a reward stuck in C code with
+    --reward-timeout 0: else it runs in a process of its own) is given up
     (``give_up``): the round's start is saved from the watchdog thread and the process exits. A
     second signal exits at once, without saving. Only the process that made the StopRequest (the
     run's own) stops so: in a process forked from it (a reward's child) the handler does what the
@@ -228,7 +230,10 @@ class StopRequest:
         raise KeyboardInterrupt
 
     def exit_now(self) -> None:
+        from infra.loading import end_reward_processes
+
         say(f"\ninterrupted again: exited at once, without saving; {how_to_go_on(self.run_dir)}")
+        end_reward_processes()          # os._exit runs no clean-up
         os._exit(128 + self.second)
 
     def watch(self, run) -> None:
@@ -324,6 +329,8 @@ class StopRequest:
         way began, which a resume does again; or, where there is no such copy (torchrun, async,
         between rounds), how the run goes on without it. From the watchdog thread, or from a
         reward's time limit (loading.CheckedReward.stuck)."""
+        from infra import loading
+
         with self.lock:
             what = self.doing()
             try:
@@ -336,6 +343,7 @@ class StopRequest:
                     f"{resume}")
             else:
                 say(f"{reason}: exited without saving; {how_to_go_on(self.run_dir)}")
+            loading.end_reward_processes()      # os._exit runs no clean-up
             os._exit(code)
 
     def save_round_start(self) -> str | None:

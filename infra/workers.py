@@ -393,7 +393,9 @@ def worker_main(index, worker_loop, config, device, threads, parent, orders, res
         link = WorkerLink(index, orders, results, weights, version, trainer_step, lock, parent,
                           cfg, fast, paused)
         results.put(("ready", index))
-        reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
+        # the reward's own process stays in this worker's group, which the trainer ends whole
+        reward = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout,
+                                       own_group=False)
         counted = CountingReward(reward, link)
         worker_loop(model, tokenizer, counted, cfg, link)
     except BaseException as e:                  # SystemExit too: a one-line exit of loading.py
@@ -407,7 +409,9 @@ def worker_main(index, worker_loop, config, device, threads, parent, orders, res
             results.close()
             results.join_thread()
         finally:
+            loading.end_reward_processes()      # os._exit runs no clean-up
             os._exit(1)
+    loading.end_reward_processes()
     os._exit(0)
 
 
