@@ -32,7 +32,8 @@ class Rollout:
     reward:          scalar reward of the completion
     advantage:       A = (r - mean r) / (sample std r + 1e-4) in its group, fixed at generation
                      time (never recomputed)
-    policy_version:  optimizer steps taken by the policy that generated it
+    policy_version:  the version of the policy that generated it: its optimizer steps so far
+                     (a step skipped as NaN/inf counts: ages count every step tried)
     baseline:        V, the mean reward of its group (AsymRE's r - (V - tau) needs it)
     temperature:     T it was sampled at: the loss must take log pi_theta at the same T
     uses:            how many training batches it has been part of so far
@@ -110,7 +111,7 @@ class ReplayBuffer:
             self.left_by_uses[rollout.uses] += 1
 
 
-def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = None,
+def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = None,
             device: torch.device | str | None = None) -> dict[str, torch.Tensor | float]:
     """Pad a list of rollouts into one batch for a training forward.
 
@@ -123,8 +124,8 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
       behaviour_logp:   [batch, max_len]  (0 on padding)
       advantage, reward, baseline:  [batch]
       temperature:      the T they were sampled at (a float; rollouts of different T raise)
-      age:              [batch]  policy_version (the current policy's) minus each rollout's, only
-                        when policy_version is given (a default of 0 would give negative ages)
+      age:              [batch]  current_version (the current policy's) minus each rollout's, only
+                        when current_version is given (a default of 0 would give negative ages)
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
     Guards, and what they cannot see: a prompt that begins or ends with pad_id, and a completion
@@ -154,11 +155,11 @@ def collate(rollouts: list[Rollout], pad_id: int, policy_version: int | None = N
             "baseline": torch.tensor([rollout.baseline for rollout in rollouts],
                                      dtype=torch.float32),
             "temperature": temperatures.pop()}
-    if policy_version is not None:
-        age = torch.tensor([policy_version - rollout.policy_version for rollout in rollouts],
+    if current_version is not None:
+        age = torch.tensor([current_version - rollout.policy_version for rollout in rollouts],
                            dtype=torch.float32)
         if (age < 0).any():
-            raise ValueError(f"policy_version {policy_version} is older than a rollout's "
+            raise ValueError(f"current_version {current_version} is older than a rollout's "
                              f"{max(rollout.policy_version for rollout in rollouts)}: "
                              "pass the policy's optimizer steps so far")
         cols["age"] = age
@@ -206,7 +207,8 @@ class ReplayBufferWithVariants(ReplayBuffer):
       skip_zero_advantage     never store rollouts of advantage 0 (their group's rewards were all
                               equal): right only for losses that get no gradient from them, so it
                               needs the loss named (loss_type, beta; zero_advantage_filter_fits);
-      add(rollouts, limit)    store at most ``limit`` of them (train.py's S).
+      add(rollouts, limit)    store at most ``limit`` of them (train.py's add_to_buffer sets it
+                              with --new-per-update S; see there).
     """
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,
@@ -263,32 +265,32 @@ class ReplayBufferWithVariants(ReplayBuffer):
         self.count_leaving([older[i] for i in ranked[slots:]])
         self.items = [older[i] for i in kept] + fresh
 
-    def drop_stale(self, policy_version: int) -> int:
+    def drop_stale(self, current_version: int) -> int:
         """A variant: evict rollouts older than max_age optimizer steps. Returns how many were
-        dropped. ``sample(B, policy_version=...)`` runs it first; call it alone to drop them
+        dropped. ``sample(B, current_version=...)`` runs it first; call it alone to drop them
         earlier (train.py does after each add, so that what is counted held is fresh enough)."""
         if self.max_age is None:
             return 0
         stale = [rollout for rollout in self.items
-                 if policy_version - rollout.policy_version > self.max_age]
+                 if current_version - rollout.policy_version > self.max_age]
         self.items = [rollout for rollout in self.items
-                      if policy_version - rollout.policy_version <= self.max_age]
+                      if current_version - rollout.policy_version <= self.max_age]
         self.count_leaving(stale)
         return len(stale)
 
     def sample(self, batch_size: int, remove: bool = False, max_uses: int | None = None,
-               policy_version: int | None = None) -> list[Rollout]:
-        """ReplayBuffer.sample, with the stale rollouts dropped first (max_age: policy_version, the
+               current_version: int | None = None) -> list[Rollout]:
+        """ReplayBuffer.sample, with the stale rollouts dropped first (max_age: current_version, the
         current policy's steps, is then required) and the cap on uses after (max_uses, remove)."""
         if max_uses is not None and max_uses < 1:
             raise ValueError(f"max_uses {max_uses}: None is no cap; below 1 nothing could be used")
         if remove and max_uses is not None:
             raise ValueError(f"remove with max_uses {max_uses}: remove is max_uses = 1; give one")
         if self.max_age is not None:
-            if policy_version is None:
-                raise ValueError(f"max_age {self.max_age}: pass sample(..., policy_version=) "
+            if current_version is None:
+                raise ValueError(f"max_age {self.max_age}: pass sample(..., current_version=) "
                                  "(the current policy's steps), else no stale rollout is dropped")
-            self.drop_stale(policy_version)
+            self.drop_stale(current_version)
         sampled = super().sample(batch_size)
         cap = 1 if remove else max_uses
         if cap is not None:

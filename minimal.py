@@ -76,61 +76,12 @@ class Rollout:
     behaviour_logp: torch.Tensor    # [completion length], log mu(o_t) at temperature T
     reward: float
     advantage: float                # A, fixed when sampled: never recomputed on replay
-    policy_version: int             # optimizer steps the sampling policy had taken
+    policy_version: int             # the sampling policy's optimizer steps (skipped ones count)
+    temperature: float              # T it was sampled at: the loss must score it at the same T
     uses: int = 0                   # training batches it has been in
 
 
-# ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
-@torch.no_grad()
-def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
-                      max_new_tokens: int, temperature: float, policy_version: int):
-    """G samples of each prompt from softmax(z_t / T), T = temperature, as Rollouts with log mu and
-    A (reward_fn(prompt, completion) -> r); the mean reward. The model must be in eval mode (no
-    dropout: it samples the function it trains)."""
-    refuse_training_mode(model)
-    refuse_acting_settings(model)
-    enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
-                    padding_side="left", add_special_tokens=False)
-    eos = tokenizer.eos_token_id
-    # The common settings that change the distribution from softmax(z_t / T), each at its neutral
-    # value: generate fills any left unset from the model's own generation_config (an instruct
-    # model's repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu,
-    # taken from softmax(z_t / T) below, would be of another distribution than the one that drew
-    # the token. Those that act whenever set cannot be passed as off: refuse_acting_settings.
-    config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
-                              top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
-                              repetition_penalty=1.0, no_repeat_ngram_size=0,
-                              max_new_tokens=max_new_tokens, eos_token_id=eos,
-                              pad_token_id=tokenizer.pad_token_id)
-    sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
-    prompt_len = enc.input_ids.shape[1]
-    completions = sequences[:, prompt_len:]
-    # A completion keeps its tokens up to and including its first EOS (all, if none): after it
-    # generate pads, with the pad id that may equal EOS, so the mask is by position, not by id.
-    is_eos = completions == eos
-    length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
-    mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
-    # log mu(o_t) = log softmax(z_t / T)[o_t], z_t the logits one position to the left of o_t.
-    # One forward more than generate ran (its cost: a training forward without the backward).
-    attention = torch.cat([enc.attention_mask, mask.long()], 1)
-    positions = (attention.cumsum(1) - 1).clamp(min=0)              # generate's, under left padding
-    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
-    z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
-    behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
-    behaviour_logp = behaviour_logp.squeeze(-1)
-    # 2. rewards, and advantages within each group of G
-    texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
-                                   skip_special_tokens=True)
-    rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
-    advantages = group_advantages(rewards.view(-1, G)).view(-1)
-    rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
-                        completion_ids=completions[i, :length[i]],
-                        behaviour_logp=behaviour_logp[i, :length[i]], reward=rewards[i].item(),
-                        advantage=advantages[i].item(), policy_version=policy_version)
-                for i in range(len(texts))]
-    return rollouts, rewards.mean().item()
-
-
+# ---- what sampling uses: the group advantages, and two guards ----------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A = (r - mean r) / (std r + std_floor) within each group (a row of rewards [P, G]), with the
     sample std; a group of equal rewards gets exactly 0 (it teaches nothing)."""
@@ -159,6 +110,60 @@ def refuse_acting_settings(model) -> None:
     if acting:
         raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
                          "from another distribution than softmax(z / T); unset them")
+
+
+# ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
+@torch.no_grad()
+def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
+                      max_new_tokens: int, temperature: float, policy_version: int):
+    """G samples of each prompt from softmax(z_t / T), T = temperature, as Rollouts with log mu and
+    A (reward_fn(prompt, completion) -> r); the mean reward. The model must be in eval mode (no
+    dropout: it samples the function it trains)."""
+    refuse_training_mode(model)
+    refuse_acting_settings(model)
+    enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
+                    padding_side="left", add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    # The common settings that change the distribution from softmax(z_t / T), each at its neutral
+    # value: generate fills any left unset from the model's own generation_config (an instruct
+    # model's repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu,
+    # taken from softmax(z_t / T) below, would be of another distribution than the one that drew
+    # the token. Those that act whenever set cannot be passed as off: refuse_acting_settings.
+    config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
+                              top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                              repetition_penalty=1.0, no_repeat_ngram_size=0,
+                              encoder_repetition_penalty=1.0, encoder_no_repeat_ngram_size=0,
+                              min_new_tokens=0, guidance_scale=1.0,
+                              max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=tokenizer.pad_token_id)
+    sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
+    prompt_len = enc.input_ids.shape[1]
+    completions = sequences[:, prompt_len:]
+    # A completion keeps its tokens up to and including its first EOS (all, if none): after it
+    # generate pads, with the pad id that may equal EOS, so the mask is by position, not by id.
+    is_eos = completions == eos
+    length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
+    mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
+    # log mu(o_t) = log softmax(z_t / T)[o_t], z_t the logits one position to the left of o_t.
+    # One forward more than generate ran (its cost: a training forward without the backward).
+    attention = torch.cat([enc.attention_mask, mask.long()], 1)
+    positions = (attention.cumsum(1) - 1).clamp(min=0)              # generate's, under left padding
+    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
+    z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
+    behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
+    behaviour_logp = behaviour_logp.squeeze(-1)
+    # 2. rewards, and advantages within each group of G
+    texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
+                                   skip_special_tokens=True)
+    rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
+    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
+                        completion_ids=completions[i, :length[i]],
+                        behaviour_logp=behaviour_logp[i, :length[i]], reward=rewards[i].item(),
+                        advantage=advantages[i].item(), policy_version=policy_version,
+                        temperature=temperature)
+                for i in range(len(texts))]
+    return rollouts, rewards.mean().item()
 
 
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
@@ -195,6 +200,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
         raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
         raise ValueError("a completion ends with the pad id twice: trim it after its first EOS")
+    if len({r.temperature for r in rollouts}) > 1:
+        raise ValueError("rollouts sampled at different temperatures in one batch")
     prompt_len = max(len(r.prompt_ids) for r in rollouts)
     max_len = max(len(r.completion_ids) for r in rollouts)
     n = len(rollouts)
@@ -212,7 +219,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
             "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
             "completion_mask": attention_mask[:, prompt_len:].float(),
             "behaviour_logp": behaviour_logp,
-            "advantage": torch.tensor([r.advantage for r in rollouts])}
+            "advantage": torch.tensor([r.advantage for r in rollouts]),
+            "temperature": rollouts[0].temperature}
 
 
 def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
@@ -221,6 +229,9 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
     scored by the max_len columns to their left (the last column predicts nothing: not fed).
     (replay_rl.completion_logp returns the same log-probs and, beside them, the entropy.)"""
     refuse_training_mode(model)
+    if cols["temperature"] != temperature:      # log pi_theta at another T than mu's: rho != 1
+        raise ValueError(f"the rollouts were sampled at T = {cols['temperature']}, "
+                         f"not {temperature}")
     max_len = cols["completion_mask"].shape[1]
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],

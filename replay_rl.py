@@ -40,6 +40,8 @@ MIN_TEMPERATURE = 0.01
 # ---- log pi_theta -----------------------------------------------------------------------------
 def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
     """log pi_theta(o_t | o_<t) of every completion column, and the policy's entropy there.
+    (train.py runs chunked_completion_logp by default, --logp-chunk: these values, less memory;
+    see the end of this docstring.)
 
     cols from ``collate``: input_ids [batch, prompt_len + max_len], completion_mask [batch, max_len]
     (max_len: the batch's longest completion). The logits at column j predict token j + 1, so the

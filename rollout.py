@@ -40,8 +40,8 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0,
-                      fast: "FastDecoding | None" = None,
-                      policy_version: int, shared_prefill=True) -> tuple[list[Rollout], dict]:
+                      policy_version: int, fast=None,
+                      shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now), as
     Rollouts: per token log mu(o_t); per rollout the reward r and A, normalized in its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``); reward_fn(prompt,
@@ -49,10 +49,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     A = 0 for all, and tis and ppo learn nothing (a round of equal-reward groups warns, once).
     The model's own generation_config cannot change the sampling: its top_k, top_p, repetition
     penalty and the like are overridden with their neutral values, and what acts whenever it is
-    set (suppressed tokens, ...) is refused; so is active dropout in training mode. The same
-    samples, faster: fast, infra/fast_decoding.py's FastDecoding (a static KV cache kept for the
-    run on a GPU, --fast-generation), and shared_prefill, each prompt prefilled once for its G
-    samples (prefill_once). Returns (rollouts, prompt-major; stats)."""
+    set (suppressed tokens, ...) is refused; so is active dropout in training mode. Off by
+    default, the engineering that gives the same samples faster (train.py turns it on): fast,
+    infra/fast_decoding.py's FastDecoding (a static KV cache kept for the run on a GPU,
+    --fast-generation), and shared_prefill=True, each prompt prefilled once for its G samples
+    (prefill_once). Returns (rollouts, prompt-major; stats)."""
     refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
@@ -82,7 +83,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     stats = {"completions": texts, "reward": rewards.mean().item(),
              "new_tokens": int(lengths.sum()),
              "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
-             "rollout_entropy": (token_entropy * mask).sum().item() / mask.sum().item(),   # mu's
+             "rollout_entropy": torch.where(mask, token_entropy, 0.0).sum().item()        # mu's
+                                / mask.sum().item(),
              # metrics.jsonl's keys: the mean length, and the part cut at max_new_tokens (not at C)
              "completion_len": lengths.float().mean().item(),
              "truncated_frac": (~ended).float().mean().item()}
@@ -91,15 +93,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, fast=None, shared_prefill: bool = True):
+                       temperature: float, fast=None, shared_prefill: bool = False):
     """G samples of each prompt (left-padded, so every completion starts at the same column), with
     log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
     (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, max_len] on the
     CPU, and the end token ids. Sampled from softmax(z_t / T) alone: every setting of generate
     that would change it is passed at its plain value (PLAIN_SAMPLING), so the model's own
     generation_config cannot fill it in; one that cannot be overridden is refused.
-    shared_prefill: the prompts' cache is built by ``prefill_once`` (each prompt token through the
-    model once), else by ``generate`` from G copies of each prompt; the same distribution.
+    shared_prefill (train.py's, off by default here): the prompts' cache is built by
+    ``prefill_once`` (each prompt token through the model once), else by ``generate`` itself from
+    G copies of each prompt, the plain way; the same distribution, the same tokens (tested).
     """
     check_bos(tokenizer, prompts)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
@@ -147,9 +150,13 @@ class BehaviourLogProbs(LogitsProcessor):
     recorder was made with. A generate call without that config decodes greedily (do_sample
     unset), and greedy tokens are not draws from the recorded softmax: check_processors refuses
     a decoding loop that does not sample.
-    As o_t is drawn only after the processors ran, call t keeps its log-softmax, and the next
-    call, whose input_ids end with o_t, gathers log mu(o_t) from it; ``finish`` gathers the last
-    token's. One recorder per generate call, sampling only.
+    o_t is drawn only after the processors ran, so its log mu is gathered one call later:
+        call 1:  scores z_1                     keep log softmax(z_1 / T)      generate draws o_1
+        call 2:  input_ids end with o_1         gather log mu(o_1) from it;
+                 scores z_2                     keep log softmax(z_2 / T)      generate draws o_2
+        ...
+        finish(completions): the last token's log mu, from the last call's log-softmax
+    One recorder per generate call, sampling only.
 
     Guards (below, in "the guards"): made with the generation_config that ``generate`` will be
     given, it refuses whatever there or in the model's own config would sample from another

@@ -33,6 +33,7 @@ from infra import checkpoint, cli, distributed, engineered_update, loading, repo
 from infra import stopping
 from infra.checkpoint import LoopState      # the loop's counters, kept by a checkpoint
 from infra.round_end import budget_spent, end_of_round, eval_due, evaluate, finish, save
+from infra.shared_prefix import shared_prefix_logp
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
 
 def parse_config(argv=None) -> Config:
@@ -109,7 +110,8 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
         rollouts, gen = rollout.generate_rollouts(
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-            temperature=cfg.temperature, policy_version=state.step, fast=run.fast)
+            temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
+            shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
     training_mode(run)
     return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
@@ -167,20 +169,22 @@ def sample_batch(run: Run, my_B: int, max_uses: int | None = None) -> list | Non
         return None
     held = len(run.buffer)
     sampled = run.buffer.sample(my_B, remove=not cfg.reuse, max_uses=max_uses,
-                                policy_version=state.step)
+                                current_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if max_uses else 0
     return sampled
 
 
 def step_args(run: Run) -> dict:
     """update_step's keyword arguments: the loss's settings, the policy's version now, and the
-    function that gives log pi_theta (--logp-chunk: chunked_completion_logp; 0: completion_logp)."""
+    function that gives log pi_theta (--logp-chunk: chunked_completion_logp; 0: completion_logp;
+    --shared-prefix: shared_prefix_logp)."""
     cfg = run.cfg
     return dict(pad_id=run.tokenizer.pad_token_id, policy_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, asymre_tau=cfg.asymre_tau,
-                logp_fn=engineered_update.logp_fn(cfg.logp_chunk))
+                logp_fn=(shared_prefix_logp if cfg.shared_prefix
+                         else engineered_update.logp_fn(cfg.logp_chunk)))
 
 
 def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
@@ -349,6 +353,9 @@ class Config:
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
     logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
+    shared_prefix: bool = opt(False, "the update runs each distinct prompt of a batch once "
+        "(infra/shared_prefix.py: the same log-probs, fewer token columns); it replaces "
+        "--logp-chunk: the batch's logits are made whole")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
         "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")

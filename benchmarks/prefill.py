@@ -289,8 +289,9 @@ def trl_part(steps: int, pairs: int) -> dict:
     import chunked_logp
     env = chunked_logp.ALLOCATORS["default_allocator"]
     found = {"train_py_shared": [], "train_py_plain": [], "trl_grpo": []}
-    plain_patch = ("import rollout; rollout.generate_rollouts.__kwdefaults__"
-                   "['shared_prefill'] = False; ")
+    plain_patch = ("import rollout; plain = rollout.generate_rollouts; "
+                   "rollout.generate_rollouts = lambda *a, **k: plain(*a, **{**k, "
+                   "'shared_prefill': False}); ")
     with tempfile.TemporaryDirectory() as folder:
         for i in range(pairs):
             order = list(found) if i % 2 == 0 else list(reversed(found))

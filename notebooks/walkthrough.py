@@ -130,7 +130,7 @@ buffer.add(rollouts)
 buffer.add(new_round()[0])
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
                               betas=(0.9, 0.99), weight_decay=0.0)
-model.train()
+model.eval()   # steps in eval mode, as minimal.py and train.py: no dropout, gradients all the same
 first = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id, policy_version=step)
 step += 1
 print(f"update 1, on fresh rollouts only: is_ratio_mean {first['is_ratio_mean']:.6f}, age_max {first['age_max']:.0f}")
@@ -152,7 +152,7 @@ from buffer import collate
 from replay_rl import completion_logp, policy_loss
 
 sampled = buffer.sample(B)
-cols = collate(sampled, tokenizer.pad_token_id, policy_version=step)
+cols = collate(sampled, tokenizer.pad_token_id, current_version=step)
 with torch.no_grad():
     logp, _ = completion_logp(model, cols)
 mask = cols["completion_mask"].bool()

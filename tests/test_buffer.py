@@ -49,7 +49,7 @@ def test_use_counts_and_ages():
     batch = buf.sample(2)
     batch = buf.sample(2)
     assert [r.uses for r in buf.items] == [2, 2]
-    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, policy_version=5)
+    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, current_version=5)
     assert cols["age"].tolist() == [5.0, 2.0]
 
 
@@ -58,17 +58,17 @@ def test_collate_gives_ages_only_for_a_given_policy_version_and_never_negative()
     ages come only with the version, and a version older than a rollout's is refused."""
     rollouts = [make(0, version=3), make(1, version=4)]
     assert "age" not in collate(rollouts, pad_id=0)
-    assert collate(rollouts, pad_id=0, policy_version=4)["age"].tolist() == [1.0, 0.0]
-    with pytest.raises(ValueError, match="policy_version 3"):
-        collate(rollouts, pad_id=0, policy_version=3)
+    assert collate(rollouts, pad_id=0, current_version=4)["age"].tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="current_version 3"):
+        collate(rollouts, pad_id=0, current_version=3)
 
 
 def test_max_age_drops_stale_rollouts():
     buf = ReplayBufferWithVariants(capacity=10, max_age=2)
     buf.add([make(0, version=0), make(1, version=1), make(2, version=3)])
-    assert buf.drop_stale(policy_version=3) == 1
+    assert buf.drop_stale(current_version=3) == 1
     assert ids(buf.items) == [1, 2]                      # age 3 > 2 dropped; age 2 kept
-    assert buf.drop_stale(policy_version=10) == 2
+    assert buf.drop_stale(current_version=10) == 2
     assert len(buf) == 0
 
 
@@ -191,13 +191,13 @@ def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
     taken with remove, each once, by the uses it had: with the ones still held, every stored one."""
     buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3, max_age=2, seed=0)   # the draw below
     buf.add([make(i) for i in range(10)])
-    buf.sample(4, policy_version=0)                       # 4 of ids 0..9 used once
+    buf.sample(4, current_version=0)                       # 4 of ids 0..9 used once
     used = set(ids(r for r in buf.items if r.uses))
     buf.add([make(10), make(11), make(12)])               # evicts ids 0, 2, 4 (see above)
     assert sum(buf.left_by_uses) == 3 and buf.left_by_uses[1:2] == [len(used & {0, 2, 4})]
     buf.add([make(13, version=5)])
-    assert buf.drop_stale(policy_version=5) == 9          # all but id 13: older than 2 steps
-    buf.sample(1, remove=True, policy_version=5)
+    assert buf.drop_stale(current_version=5) == 9          # all but id 13: older than 2 steps
+    buf.sample(1, remove=True, current_version=5)
     assert sum(buf.left_by_uses) == 14 - len(buf) == 14 and len(buf) == 0
     assert buf.left_by_uses == [13 - len(used), len(used) + 1]
 

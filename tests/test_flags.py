@@ -104,6 +104,7 @@ load_in_4bit           | --load-in-4bit                 | config   | refused  | 
 gradient_checkpointing | --gradient-checkpointing       | config   | config   | config  |
 fast_generation        | --fast-generation              | config   | config   | config  |
 logp_chunk             | --logp-chunk 64                | config   | config   | config  | Llama/Qwen
+shared_prefix          | --shared-prefix                | config   | config   | config  |
 trust_remote_code      | --trust-remote-code            | config   | config   | config  |
 generators             | --generators 2                 | config   | config   | config  |
 generator_devices      | --generator-devices cpu --generators 1 | config | config | config | default: the trainer's

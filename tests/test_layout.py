@@ -189,3 +189,25 @@ def test_core_lines_fit_100_characters(path):
     long = [i for i, line in enumerate(open(os.path.join(ROOT, path)).read().splitlines(), 1)
             if len(line) > 100]
     assert not long, f"{path}: lines over 100 characters: {long}"
+
+
+def test_the_readme_s_line_range_of_the_loss_copies_and_runs():
+    """The README's "lines a-b of replay_rl.py" (a fourth reader found them stale: they began
+    inside completion_logp and failed with an IndentationError): the range, with LOSS_TYPES and
+    NORMALIZATIONS, runs with torch alone, opens with the loss's section and holds policy_loss,
+    which gives replay_rl's loss on the same inputs."""
+    import re
+    import torch
+    import replay_rl
+    a, b = map(int, re.search(r"lines (\d+)-(\d+) of `replay_rl.py`", open(
+        os.path.join(ROOT, "README.md")).read()).groups())
+    lines = open(os.path.join(ROOT, "replay_rl.py")).read().splitlines()
+    assert lines[a - 1].startswith("# ---- the loss") and lines[b - 1].strip()
+    assert b == len(lines) or not lines[b].startswith((" ", "\t")) or not lines[b].strip()
+    copied = "\n".join(["import torch", *[line for line in lines if line.startswith(
+        ("LOSS_TYPES", "NORMALIZATIONS"))], *lines[a - 1:b]])
+    space = {}
+    exec(compile(copied, "copied", "exec"), space)      # the repository's own code, not output
+    logp = torch.tensor([[-0.5, -1.0]], requires_grad=True)
+    args = (logp, torch.tensor([[-0.7, -0.9]]), torch.tensor([1.5]), torch.ones(1, 2))
+    assert space["policy_loss"](*args)[0].item() == replay_rl.policy_loss(*args)[0].item()

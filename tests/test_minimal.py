@@ -82,7 +82,8 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
                                             max_new_tokens=minimal.MAX_NEW_TOKENS,
                                             policy_version=0)
     batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
-                                             r.reward, r.advantage, 0) for r in recorded],
+                                             r.reward, r.advantage, 0, r.temperature)
+                             for r in recorded],
                             tokenizer.pad_token_id)
     with torch.no_grad():
         logp = minimal.completion_logp(model, batch, minimal.T)
@@ -208,8 +209,8 @@ def test_the_comparison_sees_a_gradient_off_by_a_constant_factor(demo, stale_bat
 
 def test_the_fifo_buffer_evicts_the_oldest_and_counts_uses():
     buf = minimal.ReplayBuffer(3, seed=0)
-    made = [minimal.Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.1]), 1.0, 0.5, v)
-            for v in range(5)]
+    made = [minimal.Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.1]), 1.0, 0.5, v,
+                            1.0) for v in range(5)]
     buf.add(made[:2])
     buf.add(made[2:])
     assert [r.policy_version for r in buf.items] == [2, 3, 4]         # 0 and 1 left first
@@ -316,3 +317,32 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
         minimal.collate([untrimmed], tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="17 rollouts added to a buffer of 16"):
         minimal.ReplayBuffer(16, seed=0).add(sampled[0][:17])
+
+
+def test_minimal_samples_with_every_plain_setting_of_the_module(demo, monkeypatch):
+    """A fourth reader: a model whose generation_config sets guidance_scale 3 made
+    minimal.generate_rollouts sample from a guided mixture ('1' sampled 1.000 against a stored mu
+    of 0.920), silently; the module passes guidance_scale=1. Now minimal's GenerationConfig holds
+    every setting of rollout.PLAIN_SAMPLING at the module's value, so a model's own cannot fill one."""
+    model, tokenizer = demo
+    seen = []
+    real = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: seen.append(kw["generation_config"])
+                        or real(**kw))
+    minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
+    config = seen[0]
+    assert {k: getattr(config, k) for k in rollout.PLAIN_SAMPLING} == rollout.PLAIN_SAMPLING
+
+
+def test_minimal_scores_at_the_temperature_it_sampled_at_or_refuses(demo, sampled):
+    """A fourth reader: minimal.completion_logp at T = 1 on rollouts sampled at T = 0.7 gave
+    is_ratio_mean 1.0094 on fresh data, no error. Rollouts carry their T; it refuses another."""
+    model, tokenizer = demo
+    cols = minimal.collate(sampled[0][:4], tokenizer.pad_token_id)
+    assert cols["temperature"] == minimal.T
+    with pytest.raises(ValueError, match=f"sampled at T = {minimal.T}, not 0.7"):
+        minimal.completion_logp(model, cols, 0.7)
+    mixed = [copy.copy(r) for r in sampled[0][:2]]
+    mixed[1].temperature = 0.7
+    with pytest.raises(ValueError, match="different temperatures"):
+        minimal.collate(mixed, tokenizer.pad_token_id)

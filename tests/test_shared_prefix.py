@@ -402,3 +402,44 @@ def test_the_benchmark_runs_on_the_demo_and_counts_its_columns(tiny_path, tmp_pa
     assert results["sharing"]["decisive"]["distinct_prompts_mean"] == 4      # B = N: all of it
     smollm2 = results["sharing"]["smollm2"]
     assert smollm2["distinct_prompts_mean"] == pytest.approx(7.6, abs=0.05)
+
+
+# ---- train.py --shared-prefix ------------------------------------------------------------------
+TRAIN_SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--batch-size", "16",
+               "--buffer-size", "32", "--max-rounds", "4", "--eval-prompts", "10",
+               "--eval-every", "2", "--no-progress", "--no-plot", "--logp-chunk", "0"]
+
+
+def test_train_py_shared_prefix_runs_it_and_takes_the_plain_run_s_steps(tiny_path, tmp_path,
+                                                                        monkeypatch):
+    """train.py --shared-prefix hands update_step shared_prefix_logp (called once a step, counted)
+    and its run equals --logp-chunk 0's (completion_logp): every step's loss, ratio and gradient
+    norm within float32 rounding, the same completions sampled (the same tokens), the same eval."""
+    import json
+
+    import train
+    calls = []
+    real = train.shared_prefix_logp
+    monkeypatch.setattr(train, "shared_prefix_logp",
+                        lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    runs = {}
+    for name, extra in (("plain", []), ("shared", ["--shared-prefix"])):
+        out = tmp_path / name
+        train.main(TRAIN_SMALL + extra + ["--output-dir", str(out)])
+        runs[name] = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    steps = [r for r in runs["plain"] if "loss" in r]
+    assert len(calls) == len(steps) >= 3
+    for a, b in zip(steps, [r for r in runs["shared"] if "loss" in r]):
+        assert a["gen_tokens"] == b["gen_tokens"] and a["reward"] == b["reward"]
+        for key in ("loss", "is_ratio_mean", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    evals = [[r.get("eval_accuracy") for r in run if "eval_accuracy" in r] for run in runs.values()]
+    assert evals[0] == evals[1]
+
+
+def test_train_py_refuses_shared_prefix_with_gradient_checkpointing(capsys):
+    import train
+    with pytest.raises(SystemExit) as e:
+        train.main(["--shared-prefix", "--gradient-checkpointing"])
+    assert e.value.code == 2
+    assert "--shared-prefix with --gradient-checkpointing" in capsys.readouterr().err

@@ -163,7 +163,8 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
                                         policy_version=0, temperature=1.5),
              lambda m, opt: minimal.update(m.eval(), opt, [
                  minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
-                                 r.advantage, 0) for r in rollouts], tokenizer.pad_token_id,
+                                 r.advantage, 0, r.temperature) for r in rollouts],
+                 tokenizer.pad_token_id,
                  1.5, 2.0)]
     for step in steps:
         trained = copy.deepcopy(model)
@@ -210,7 +211,7 @@ def test_issue61_trap1_max_age_acts_at_sampling():
     buf.items[1].policy_version = 10
     with pytest.raises(ValueError, match="max_age 1: pass sample"):
         buf.sample(1)
-    assert buf.sample(1, policy_version=10)[0].policy_version == 10
+    assert buf.sample(1, current_version=10)[0].policy_version == 10
     assert [r.policy_version for r in buf.items] == [10]
 
 
