@@ -420,9 +420,11 @@ def devices_problem(cfg) -> str | None:
                     f"({torch.cuda.device_count()} CUDA device(s))")
         if kind == "mps" and not torch.backends.mps.is_available():
             return f"--generator-devices {cfg.generator_devices}: mps is not available here"
-    on_cpu = sum(1 for i in range(cfg.generators)
-                 if (names[i % len(names)] if names else distributed.pick_device(cfg.device))
-                 == "cpu")
+    if names:                           # worker i on names[i % len(names)]: counted, not walked
+        full, rest = divmod(cfg.generators, len(names))
+        on_cpu = full * names.count("cpu") + names[:rest].count("cpu")
+    else:
+        on_cpu = cfg.generators if distributed.pick_device(cfg.device) == "cpu" else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if on_cpu > (cores or 1):
         return (f"--generators {cfg.generators}: {on_cpu} workers on the CPU, more than its "
