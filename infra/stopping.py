@@ -544,6 +544,29 @@ def stopped(pid: int) -> bool:
         return False
 
 
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended on this machine since it booted, a
+    cgroup's memory limit included (Linux's /proc/vmstat); None where that is not known."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """The CPU time a process has used, in clock ticks (Linux's /proc); elsewhere None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])        # utime + stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the trainer dies, however it dies (kill -9 too), so
     no worker outlives its run. Elsewhere the worker checks its parent while it waits."""

@@ -61,8 +61,10 @@ class Generators:
         self.version = ctx.Value("q", -1)               # the published weights' policy_version
         self.trainer_step = ctx.Value("q", 0)
         self.lock = ctx.Lock()
-        self.orders, self.results = ctx.Queue(), ctx.Queue()
-        self.beats = ctx.Array("d", [time.monotonic()] * self.n_workers)   # each one's last sign
+        self.orders, self.results = Orders(ctx, self.n_workers, self.procs), ctx.Queue()
+        self.beats = ctx.Array("d", [0.0] * self.n_workers)     # each one's last beat (0: none yet)
+        self.starting = [(None, time.monotonic())] * self.n_workers     # (CPU ticks, seen when)
+        self.oom_kills = stopping.oom_kills()           # the OOM killer's count so far
         self.paused_seconds = ctx.Value("d", 0.0)       # evals so far: off the workers' clocks
         devices = worker_devices(self.cfg)
         threads = threads_each(self.n_workers, devices[0])
@@ -76,10 +78,10 @@ class Generators:
         try:
             for i in range(self.n_workers):
                 p = ctx.Process(target=worker_main, name=f"generation worker {i}", daemon=True,
-                                args=(i, self.worker_loop, config, devices[i], threads, os.getpid(), self.orders,
-                                      self.results, self.weights, self.version,
-                                      self.trainer_step, self.lock, self.beats,
-                                      self.paused_seconds))
+                                args=(i, self.worker_loop, config, devices[i], threads,
+                                      os.getpid(), self.orders.queues[i], self.results,
+                                      self.weights, self.version, self.trainer_step, self.lock,
+                                      self.beats, self.paused_seconds))
                 p.start()
                 self.procs.append(p)
         finally:
@@ -160,7 +162,10 @@ class Generators:
                     message = None
                     break
                 self.check_alive()
+                self.orders.reroute()
                 continue
+            if message[0] == "round" and not self.orders.arrived(message[5]):
+                continue                # ordered again from another worker, which delivered it
             if message[0] != "ready":
                 break
             self.ready.add(message[1])  # a worker loaded its model: the clock starts with the last
@@ -173,7 +178,7 @@ class Generators:
             return None
         if message[0] == "failed":
             raise WorkerFailed(f"generation worker {message[1]} failed: {message[2]}", message[3])
-        _, i, packed, gen, times = message
+        _, i, packed, gen, times, _ = message
         self.delivered = True
         # a worker's times since it started: waiting for weights, for room; generating (wall,
         # CPU); the loop state keeps their sums over the workers
@@ -191,10 +196,12 @@ class Generators:
         given no sign of life for --worker-timeout seconds (stopped, or hung with the GIL held)."""
         now, limit = time.monotonic(), self.cfg.worker_timeout
         for i, p in enumerate(self.procs):
-            silent = now - max(self.beats[i], self.resumed_at)
+            beat = self.beats[i] or self.started_at(i, p.pid, now)
+            silent = now - max(beat, self.resumed_at)
             if p.exitcode is None and limit and silent > limit:
+                when = "" if self.beats[i] else " while starting (no CPU time used)"
                 raise WorkerFailed(f"generation worker {i} (pid {p.pid}) gave no sign of life for "
-                                   f"{silent:.0f} s (--worker-timeout {limit:g}): stopped "
+                                   f"{silent:.0f} s (--worker-timeout {limit:g}){when}: stopped "
                                    "(SIGSTOP, a debugger) or hung")
             if p.exitcode is None:
                 continue
@@ -206,7 +213,32 @@ class Generators:
             except queue.Empty:
                 how = (f"killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
                        else f"exited with code {p.exitcode}")
+                if p.exitcode == -signal.SIGKILL:
+                    how += self.out_of_memory()
                 raise WorkerFailed(f"generation worker {i} (pid {p.pid}) {how}") from None
+
+    def out_of_memory(self) -> str:
+        """For a worker killed by SIGKILL: whether the kernel's OOM killer ended a process since
+        the workers started (the kernel's log, where it says whom, is not readable by most), in
+        words ('' if it did not, or that is not known)."""
+        now = stopping.oom_kills()
+        if now is None or self.oom_kills is None or now == self.oom_kills:
+            return ""
+        ended = now - self.oom_kills
+        return (f": out of memory, most likely (the kernel's OOM killer ended {ended} process(es) "
+                "since the workers started, /proc/vmstat); each worker holds a copy of the model: "
+                "fewer --generators, or a smaller model")
+
+    def started_at(self, i: int, pid: int, now: float) -> float:
+        """A worker starting (no beat yet: its interpreter imports, before the heartbeat thread
+        runs): when its CPU time last grew, the sign of life that a busy start-up gives (no /proc:
+        when it was started)."""
+        ticks, when = self.starting[i]
+        used = stopping.cpu_ticks(pid)
+        if used is not None and used != ticks:
+            self.starting[i] = (used, now)
+            return now
+        return when
 
     def account(self, state) -> None:
         """The wall clock brought up to now (report.Report.tick: from the moment every worker had
@@ -231,9 +263,9 @@ class Generators:
         """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL; then what
         they started (a reward's forked child: each worker leads a process group of its own)."""
         self.signal_all(signal.SIGCONT)         # a stopped worker cannot act on what follows
-        for _ in self.procs:
+        for q in self.orders.queues:
             try:
-                self.orders.put_nowait(None)
+                q.put_nowait(None)
             except (ValueError, OSError):
                 pass
         deadline = time.monotonic() + 2.0
@@ -248,10 +280,54 @@ class Generators:
                 p.join()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
-        for q in (self.orders, self.results):
+        for q in (*self.orders.queues, self.results):
             q.cancel_join_thread()
             q.close()
         self.undo_launcher()
+
+
+class Orders:
+    """The orders on their way, each with its number, one queue per worker: a worker stopped while
+    it waits for one (SIGSTOP, a debugger) holds its own queue's lock, not one the others wait on.
+    An order goes to the worker with the fewest on their way, a stopped one last; the orders of a
+    worker found stopped go to the others (``reroute``), and its round, should it come after all,
+    is dropped (its tokens never counted)."""
+
+    def __init__(self, ctx, n_workers: int, procs: list):
+        self.procs = procs                      # the workers (filled as they start)
+        self.queues = [ctx.Queue() for _ in range(n_workers)]
+        self.pending = {}                       # number -> (worker, prompts): its round not in
+        self.count = 0                          # orders numbered so far
+
+    def put(self, prompts: list[str]) -> None:
+        self.count += 1
+        self.send(self.pick(), self.count, prompts)
+
+    def send(self, i: int, number: int, prompts: list[str]) -> None:
+        self.queues[i].put((number, prompts))
+        self.pending[number] = (i, prompts)
+
+    def pick(self, but: int | None = None) -> int:
+        load = [0] * len(self.queues)
+        for i, _ in self.pending.values():
+            load[i] += 1
+        return min((i for i in range(len(self.queues)) if i != but),
+                   key=lambda i: (self.stopped(i), load[i], i))
+
+    def stopped(self, i: int) -> bool:
+        return i < len(self.procs) and stopping.stopped(self.procs[i].pid)
+
+    def reroute(self) -> None:
+        """The orders of a worker found stopped, sent again to one that is not (none: they wait)."""
+        for number, (i, prompts) in list(self.pending.items()):
+            if len(self.queues) > 1 and self.stopped(i):
+                j = self.pick(but=i)
+                if not self.stopped(j):
+                    self.send(j, number, prompts)
+
+    def arrived(self, number: int) -> bool:
+        """Whether the round of this order is still awaited (not delivered by another worker)."""
+        return self.pending.pop(number, None) is not None
 
 
 def shared_weights(params: list[torch.Tensor]) -> torch.Tensor:
@@ -315,6 +391,7 @@ class WorkerLink:
         self.loaded = -1                        # the policy_version of the weights in the model
         self.times = [0.0] * 4      # seconds waiting for weights, for room; generating: wall, CPU
         self.reward_errors = 0
+        self.number = 0                         # the order under way (Orders)
         self.started = self.started_cpu = 0.0
 
     def clock(self) -> float:
@@ -326,11 +403,14 @@ class WorkerLink:
         start = self.clock()
         while True:
             try:
-                prompts = self.orders.get(timeout=0.5)
+                order = self.orders.get(timeout=0.5)
                 break
             except queue.Empty:
                 self.check_parent()
         self.times[1] += self.clock() - start
+        if order is None:
+            return None
+        self.number, prompts = order            # the order's number, sent back with its round
         return prompts
 
     def load_weights(self, model) -> int:
@@ -359,7 +439,7 @@ class WorkerLink:
         errors, self.reward_errors = self.reward_errors, 0
         figures = {k: v for k, v in gen.items() if k != "completions"}
         self.results.put(("round", self.index, pack(rollouts), {**figures, "reward_errors": errors},
-                          list(self.times)))
+                          list(self.times), self.number))
 
     def check_parent(self) -> None:
         if os.getppid() != self.parent:         # the trainer is gone (where PDEATHSIG is not)

@@ -129,7 +129,11 @@ REFUSED_BEFORE_LOADING = [
     (["--generators", "1000"], "--generators 1000: 1000 workers on the CPU, more than its"),
     (["--generators", "1", "--generator-devices", "nonsense"], "'nonsense' is not a device"),
     (["--generators", "2", "--generator-devices", "cpu,,cpu"], "'' is not a device"),
-    (["--generators", "1", "--generator-devices", "cuda:1"], "cuda:1 is not here")]
+    (["--generators", "1", "--generator-devices", "cuda:1"], "cuda:1 is not here"),
+    # issue 69, item 10: checked once per worker, 10**9 of them spun for minutes
+    (["--generators", "1000000000"], "--generators 1000000000: 1000000000 workers on the CPU"),
+    (["--generators", "1000000001", "--generator-devices", "cpu,cpu"],
+     "1000000001 workers on the CPU")]
 
 
 @pytest.mark.parametrize("flags, says", REFUSED_BEFORE_LOADING,
@@ -231,3 +235,160 @@ def test_no_worker_generates_while_the_trainer_evaluates(tmp_path, tiny_path):
         [(r["gen_seconds"], r["wall_seconds"]) for r in steps]
     evals = [r for r in rows(run) if "eval_accuracy" in r]
     assert evals[-1]["eval_seconds"] > steps[-1]["gen_seconds"]     # the evals would have fed it
+
+
+def waiting(pid: int) -> bool:
+    """Whether a worker's main thread sleeps in the kernel (a worker waiting for an order)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.slow
+@linux
+def test_one_stopped_worker_does_not_stop_the_others(tmp_path, tiny_path):
+    """Issue 69, item 16: with 2 workers a SIGSTOP of one stopped the other too (0 rounds in 20 s):
+    stopped while it waited for an order, it held the lock of the queue they shared. Each worker
+    has its own queue now: the other goes on generating and the trainer on training; a Ctrl-C
+    then saves the run and ends both."""
+    run = str(tmp_path / "run")
+    # K = 8: the trainer is the slower, so a worker mostly waits for an order
+    proc = start(run, "--generators", "2", "--max-rounds", "100000", "--worker-timeout", "0",
+                 "--eval-every", "1000", "--buffer-size", "64", "--updates-per-round", "8")
+    try:
+        wait_for_step(run, proc, steps=2)
+        stalled, _ = workers(proc.pid)
+        while not waiting(stalled):             # stopped while it waits for an order
+            time.sleep(0.001)
+        stop_for_good(stalled)
+        before = max(r["round"] for r in rows_safe(run))
+        time.sleep(20)
+        after = max(r["round"] for r in rows_safe(run))
+        assert after - before >= 3, (before, after)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGINT, err
+        assert f"resume with: python train.py --resume {run}" in err
+        assert session_gone(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+SLOW_START = """
+import sys, time
+if "spawn_main" in " ".join(getattr(sys, "orig_argv", [])):   # a generation worker's interpreter
+    ready = time.process_time() + {seconds}
+    while time.process_time() < ready:      # a start-up that works: imports on a loaded machine
+        pass
+"""
+
+
+def start_slowly(tmp_path, run, seconds, *flags):
+    """train.py --generators 1 whose worker's interpreter spends ``seconds`` of CPU time starting
+    (a sitecustomize.py, run before anything of ours), in a session of its own."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_START.format(seconds=seconds))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(site)}
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *SMALL,
+                             "--output-dir", run, "--generators", "1", *flags], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.slow
+@linux
+def test_a_worker_still_starting_is_not_called_hung(tmp_path, tiny_path):
+    """Issue 69, item 12: --worker-timeout counted a worker's start-up, so a healthy worker still
+    importing was called "stopped (SIGSTOP, a debugger) or hung". A real worker whose start-up
+    takes 6 s of CPU time, --worker-timeout 3: the run finishes."""
+    run = str(tmp_path / "run")
+    proc = start_slowly(tmp_path, run, 6, "--max-rounds", "3", "--worker-timeout", "3")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert final_state(run)["round"] == 3
+
+
+@pytest.mark.slow
+@linux
+def test_a_worker_stopped_while_starting_is_still_named(tmp_path, tiny_path):
+    """Its start-up's CPU time is its sign of life: stopped (SIGSTOP) while it starts, it uses
+    none, and --worker-timeout names it, the run saved, nothing left."""
+    run = str(tmp_path / "run")
+    proc = start_slowly(tmp_path, run, 60, "--max-rounds", "3", "--worker-timeout", "3")
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := workers(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(found[0], signal.SIGSTOP)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        assert (f"generation worker 0 (pid {found[0]}) gave no sign of life for" in last
+                and "(--worker-timeout 3) while starting (no CPU time used): stopped" in last), err
+        assert session_gone(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def memory_cgroup(name: str, limit: int) -> str | None:
+    """A new memory cgroup of ``limit`` bytes (no swap) under this process's own, cgroup v1 or v2,
+    or None where this process may not make one."""
+    for line in open("/proc/self/cgroup"):
+        number, controllers, path = line.rstrip("\n").split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = f"/sys/fs/cgroup/memory{path}/{name}"
+            settings = {"memory.limit_in_bytes": limit, "memory.memsw.limit_in_bytes": limit}
+        elif number == "0" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):
+            folder = f"/sys/fs/cgroup{path}/{name}"
+            settings = {"memory.max": limit, "memory.swap.max": 0}
+        else:
+            continue
+        try:
+            os.mkdir(folder)
+            for file, value in settings.items():
+                if os.path.exists(os.path.join(folder, file)):      # no swap accounting: none
+                    with open(os.path.join(folder, file), "w") as f:
+                        f.write(str(value))
+            return folder
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+    return None
+
+
+@pytest.mark.slow
+@linux
+def test_a_worker_the_oom_killer_ends_is_named_as_memory(tmp_path, tiny_path):
+    """Issue 69, item 11: a worker the OOM killer ended was "killed by SIGKILL", nothing about
+    memory. A real OOM kill: the worker moved into a memory cgroup of 1 MiB, where its next
+    allocations find no room. The line says memory, the run is saved, nothing left."""
+    cgroup = memory_cgroup(f"replay-rl-oom-{os.getpid()}", 1 << 20)
+    if cgroup is None:
+        pytest.skip("no memory cgroup this process may make here (cgroup v1 or v2, written)")
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "100000")
+    try:
+        wait_for_step(run, proc, steps=1)
+        (worker,) = workers(proc.pid)
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(worker))
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        assert (f"generation worker 0 (pid {worker}) killed by SIGKILL: out of memory, most "
+                "likely (the kernel's OOM killer ended") in last, err
+        assert "checkpoint saved to" in last
+        assert session_gone(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(cgroup) and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                os.rmdir(cgroup)
+            time.sleep(0.1)
