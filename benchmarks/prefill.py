@@ -21,7 +21,7 @@ the machine falls on both alike. Writes docs/results/prefill_cpu.json.
             shared (prefill_once, and greedy_completions: a reply leaves the batch once it ended,
             generate run 8 tokens at a time), and the same phases: smollm2 (100 held-out
             prompts, 48 new tokens), long_prompt (32 prompts), demo (500 prompts)
-  trl       train.py --model smollm2 (the shared prefill), the same with shared_prefill off, and
+  trl       train.py --model smollm2 (the shared prefill), the same with --shared-prefix, and
             TRL's GRPOTrainer (benchmarks/chunked_logp.py's harness), each a fresh process, one
             thread, in interleaved order; seconds per step (16 rollouts, then one update).
             TRL: pip install --no-deps trl (1.16.0 here, into a folder on PYTHONPATH)
@@ -284,11 +284,14 @@ def load_evidence(wall0: float, cpu0: float, before: tuple) -> dict:
             "process_cpu_over_wall": round(cpu / wall, 3)}
 
 
-def trl_part(steps: int, pairs: int) -> dict:
-    """train.py shared, train.py plain, TRL's GRPOTrainer: fresh processes, interleaved."""
+def trl_part(steps: int, pairs: int,
+             arms=("train_py_shared", "train_py_shared_prefix", "trl_grpo")) -> dict:
+    """train.py as it runs by default (the shared prefill), the same with --shared-prefix (issue
+    68: the update runs each prompt once too), TRL's GRPOTrainer: fresh processes, interleaved.
+    (--trl-arms train_py_plain: train.py with the shared prefill off, as first measured.)"""
     import chunked_logp
     env = chunked_logp.ALLOCATORS["default_allocator"]
-    found = {"train_py_shared": [], "train_py_plain": [], "trl_grpo": []}
+    found = {arm: [] for arm in arms}
     plain_patch = ("import rollout; plain = rollout.generate_rollouts; "
                    "rollout.generate_rollouts = lambda *a, **k: plain(*a, **{**k, "
                    "'shared_prefill': False}); ")
@@ -300,19 +303,20 @@ def trl_part(steps: int, pairs: int) -> dict:
                     r = chunked_logp.trl_grpo(steps, folder, env)
                 else:
                     r = train_py(steps, os.path.join(folder, f"{which}{i}"),
-                                 plain_patch if which == "train_py_plain" else "")
+                                 plain_patch if which == "train_py_plain" else "",
+                                 ["--shared-prefix"] if which == "train_py_shared_prefix" else [])
                 found[which].append(r)
                 print(f"  trl pair {i}: {which} {r.get('wall_s_per_step')} s/step "
                       f"(exit {r['exit']})", flush=True)
     med = lambda k, f: round(statistics.median(r[f] for r in found[k]), 3)
     out = {k: {"wall_s_per_step": med(k, "wall_s_per_step"),
                "cpu_s_per_step": med(k, "cpu_s_per_step"), "runs": v} for k, v in found.items()}
-    for k in ("train_py_shared", "train_py_plain"):
+    for k in [arm for arm in arms if arm != "trl_grpo" and "trl_grpo" in arms]:
         out[f"{k}_over_trl_wall"] = round(out[k]["wall_s_per_step"]
                                           / out["trl_grpo"]["wall_s_per_step"], 3)
         out[f"{k}_over_trl_cpu"] = round(out[k]["cpu_s_per_step"]
                                          / out["trl_grpo"]["cpu_s_per_step"], 3)
-    out["setting"] = (f"{pairs} rounds of the three, each a fresh process with one thread, the "
+    out["setting"] = (f"{pairs} rounds of {', '.join(arms)}, each a fresh process with one thread, the "
                       f"order reversed every other round; {steps} steps each (16 rollouts of up "
                       f"to 48 tokens, 4 prompts x 4, then one update on them), medians of "
                       f"per-step seconds with the first step left out (chunked_logp.py's "
@@ -320,8 +324,9 @@ def trl_part(steps: int, pairs: int) -> dict:
     return out
 
 
-def train_py(steps: int, out: str, patch: str) -> dict:
-    """chunked_logp.train_py's command, optionally with the shared prefill turned off."""
+def train_py(steps: int, out: str, patch: str, extra: list[str] = ()) -> dict:
+    """chunked_logp.train_py's command, optionally with the shared prefill turned off (patch) or
+    more flags (extra)."""
     import chunked_logp
     w = chunked_logp.SMOLLM2_WORK
     argv = ["--model", "smollm2", "--task", "sums", "--prompts-per-round", str(w["prompts"]),
@@ -330,7 +335,7 @@ def train_py(steps: int, out: str, patch: str) -> dict:
             "--lora-r", str(w["lora_r"]), "--lr", str(w["lr"]), "--temperature",
             str(w["temperature"]), "--max-rounds", str(steps), "--eval-prompts", "1",
             "--eval-every", "1000", "--no-plot", "--no-progress", "--seed", "0", "--device",
-            "cpu", "--output-dir", out]
+            "cpu", "--output-dir", out, *extra]
     code, usage = chunked_logp.run_child(
         [sys.executable, "-c", f"import torch; torch.set_num_threads(1); {patch}import train; "
                                f"train.main({argv!r})"], {})
@@ -357,6 +362,9 @@ def main(argv=None) -> dict:
     p.add_argument("--eval-pairs", type=int, default=2)
     p.add_argument("--trl-steps", type=int, default=5)
     p.add_argument("--trl-pairs", type=int, default=2)
+    p.add_argument("--trl-arms", nargs="+", choices=["train_py_shared", "train_py_shared_prefix",
+                                                     "train_py_plain", "trl_grpo"],
+                   default=["train_py_shared", "train_py_shared_prefix", "trl_grpo"])
     p.add_argument("--output", default=OUTPUT)
     p.add_argument("--quiet-cores", action="store_true",
                    help="say in the record that nothing else ran on the cores (the one who ran it "
@@ -389,7 +397,7 @@ def main(argv=None) -> dict:
     if "trl" in args.parts:
         wall0, cpu0, before = time.perf_counter(), time.process_time(), os.getloadavg()
         results["trl"] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                          **trl_part(args.trl_steps, args.trl_pairs),
+                          **trl_part(args.trl_steps, args.trl_pairs, args.trl_arms),
                           **load_evidence(wall0, cpu0, before)}
         write(args.output, results)
     return results

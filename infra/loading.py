@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import json
 import math
 import os
 import select
@@ -98,6 +99,8 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
     report.say(cfg, f"model {model_path} on {device} ({str(dtype).replace('torch.', '')}"
         f"{', 4-bit' if cfg.load_in_4bit else ''}): {base / 1e6:.2f}M parameters, "
         f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
+    if note := cpu_bfloat16_note(cfg.dtype, device):
+        report.say(cfg, note)
     return model, tokenizer, task
 
 
@@ -148,10 +151,33 @@ def resolve_model(name: str, log) -> str:
 
 
 def pick_dtype(name: str, device: str) -> torch.dtype:
+    """--dtype: as named; auto: bfloat16 on a GPU that has it, else float32 (cpu_bfloat16_note)."""
     if name != "auto":
         return getattr(torch, name)
     bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
     return torch.bfloat16 if bf16 else torch.float32
+
+
+BF16_CPU_RESULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "docs", "results", "bf16_cpu.json")
+
+
+def cpu_bfloat16_note(name: str, device: str) -> str:
+    """Why --dtype auto keeps float32 on a CPU with bfloat16 units (AVX512_BF16, AMX), else "".
+    Measured (benchmarks/bf16_cpu.py): in bfloat16 the log-probs of sampling (the KV-cache decode)
+    and of the update (one pass over the sequence) disagree, so rho on fresh data is not 1."""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if name != "auto" or device != "cpu" or not ("avx512_bf16" in flags or "amx_bf16" in flags):
+        return ""
+    try:
+        found = json.load(open(BF16_CPU_RESULT))
+        gap = (f" (mean |log rho| {found['bfloat16']['abs_log_rho_mean']:.2g} on fresh SmolLM2 "
+               f"tokens, {found['float32']['abs_log_rho_mean']:.1g} in float32)")
+    except (OSError, ValueError, KeyError):
+        gap = ""
+    return ("float32, though this CPU has bfloat16 units: in bfloat16 the log-probs of sampling "
+            f"and of the update disagree{gap}, so the importance ratios would be rounding noise; "
+            "--dtype bfloat16 uses them anyway")
 
 
 def fast_decoding(cfg, model, tokenizer, task: tasks.Task, device: str):
