@@ -387,7 +387,8 @@ class Config:
     on_reward_error: str = opt("raise", "a reward that raises: stop (raise) or score 0 and count "
         "it (zero)", choices=("raise", "zero"))
     reward_timeout: float = opt(30.0, "seconds one reward call may take; longer counts as a reward "
-        "that raises (--on-reward-error); 0 = no limit. Enforced with SIGALRM (not on Windows)")
+        "that raises (--on-reward-error). The reward then runs in a process of its own, which a "
+        "call stuck in C code cannot hold; 0 = no limit, the reward runs in the run's process")
     max_skipped_steps: int = opt(5, "stop after this many steps in a row skipped for NaN/inf")
 
     @property

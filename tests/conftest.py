@@ -4,10 +4,12 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-if os.environ.get("PYTEST_XDIST_WORKER"):       # `pytest -n 2`: one core per worker, and for what it starts
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    import torch
-    torch.set_num_threads(1)
+# One thread a process, with or without `-n 2` (one core per worker, and for what it starts): a
+# test that compares a run in this process with one it starts (an exact resume) needs both at the
+# same thread count, whose float rounding differs in the 7th digit.
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+import torch  # noqa: E402
+torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(1, os.path.join(ROOT, "comparison"))     # the comparison harness: compare.py, plot.py, cost.py, ...
