@@ -436,6 +436,7 @@ def test_a_worker_killed_holding_the_weights_lock_ends_publish_in_one_line_not_a
     ctx = multiprocessing.get_context("fork")
     gens = worker_processes.Generators.__new__(worker_processes.Generators)
     gens.cfg = types.SimpleNamespace(worker_timeout=0)
+    gens.oom_kills = None                               # the OOM killer's count: not known
     gens.lock, gens.results = ctx.Lock(), ctx.Queue()
     gens.beats, gens.resumed_at = [time.monotonic()], time.monotonic()
     gens.weights, gens.version, gens.trainer_step = torch.zeros(3), ctx.Value("q", -1), ctx.Value("q", 0)

@@ -82,8 +82,12 @@ def test_a_first_sigint_anywhere_keeps_the_run_and_resume_continues_exactly(
     assert lines(run) == uninterrupted          # steps, evals and counters: as if never stopped
 
 
-def test_a_reward_that_catches_every_exception_is_still_cut_short_by_the_stop(tmp_path, tiny_path):
-    """The stop's exception is no Exception: a grader's `except Exception` cannot swallow it."""
+@pytest.mark.parametrize("timeout, the_run", [("0", "os.getpid()"), ("30", "os.getppid()")])
+def test_a_reward_that_catches_every_exception_is_still_cut_short_by_the_stop(tmp_path, tiny_path,
+                                                                            timeout, the_run):
+    """The stop's exception is no Exception: a grader's `except Exception` cannot swallow it. With
+    --reward-timeout 0 the reward runs in the run's process (the Ctrl-C is its own); with a limit
+    in a process of its own, forked from the run (the Ctrl-C goes to its parent, the run)."""
     (tmp_path / "grader.py").write_text(textwrap.dedent(f"""
         import os, signal, time
         calls = []
@@ -91,14 +95,15 @@ def test_a_reward_that_catches_every_exception_is_still_cut_short_by_the_stop(tm
             calls.append(1)
             if len(calls) == 40:                # round 1's generation (30 eval calls first)
                 try:
-                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill({the_run}, signal.SIGINT)
                     time.sleep(60)
                 except Exception:
                     pass
             return float(completion.strip() == "1")
     """))
     run = str(tmp_path / "run")
-    proc = start(FLAGS + ["--reward", f"{tmp_path / 'grader.py'}:reward", "--output-dir", run])
+    proc = start(FLAGS + ["--reward", f"{tmp_path / 'grader.py'}:reward", "--output-dir", run,
+                          "--reward-timeout", timeout])
     _, err = proc.communicate(timeout=50)
     assert proc.returncode == 128 + signal.SIGINT, err
     assert checkpoint.find(run) == os.path.join(run, "checkpoint-0") and "Traceback" not in err

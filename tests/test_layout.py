@@ -194,7 +194,7 @@ def test_core_lines_fit_100_characters(path):
 def test_the_readme_s_line_range_of_the_loss_copies_and_runs():
     """The README's "lines a-b of replay_rl.py" (a fourth reader found them stale: they began
     inside completion_logp and failed with an IndentationError): the range, with LOSS_TYPES and
-    NORMALIZATIONS, runs with torch alone, opens with the loss's section and holds policy_loss,
+    NORMALIZATIONS, runs with torch alone, opens with policy_loss's def,
     which gives replay_rl's loss on the same inputs."""
     import re
     import torch
@@ -202,7 +202,7 @@ def test_the_readme_s_line_range_of_the_loss_copies_and_runs():
     a, b = map(int, re.search(r"lines (\d+)-(\d+) of `replay_rl.py`", open(
         os.path.join(ROOT, "README.md")).read()).groups())
     lines = open(os.path.join(ROOT, "replay_rl.py")).read().splitlines()
-    assert lines[a - 1].startswith("# ---- the loss") and lines[b - 1].strip()
+    assert lines[a - 1].startswith("def policy_loss(") and lines[b - 1].strip()
     assert b == len(lines) or not lines[b].startswith((" ", "\t")) or not lines[b].strip()
     copied = "\n".join(["import torch", *[line for line in lines if line.startswith(
         ("LOSS_TYPES", "NORMALIZATIONS"))], *lines[a - 1:b]])

@@ -172,7 +172,9 @@ def test_train_on_a_local_model_with_a_chat_template_and_a_jsonl_task(model_dirs
                          "--num-generations", "4", "--buffer-size", "8", "--batch-size", "8", "--max-new-tokens", "8",
                          # the README's GSM8K command's memory and eval flags, through train.py
                          "--lr", "2e-5", "--micro-batch-size", "4", "--gradient-checkpointing", "--eval-prompts", "2",
-                         "--eval-every", "1"])
+                         "--eval-every", "1",
+                         # the reward in this process: the spy reads its module's list here
+                         "--reward-timeout", "0"])
     assert result["step"] == 2
     assert seen_by_model and all(p.startswith("system: be brief;user: what is ") and p.endswith(";assistant:")
                                  for p in seen_by_model)
