@@ -215,6 +215,7 @@ def ignored_timeout(reason: str, code: int = 1) -> None:
     stop such a call, so the process ends, with one line (train.py first saves the run:
     stopping.StopRequest.rescue)."""
     try:
+        report.close_bars()             # the line on a line of its own, no bar redrawn below it
         print(reason, file=sys.stderr, flush=True)
     finally:
         end_reward_processes()

@@ -335,6 +335,15 @@ def say(cfg, text: str) -> None:
             quiet_stdout()
 
 
+def close_bars() -> None:
+    """Closes every progress bar still drawn (its last state stays on its line), so that an ending
+    line printed next starts a line of its own and no bar is redrawn below it."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        with contextlib.suppress(Exception):
+            bar.close()
+
+
 def quiet_stdout() -> None:
     """stdout to /dev/null from here on: its reader (a pipe) is gone."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

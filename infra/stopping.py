@@ -139,10 +139,13 @@ def main(config_class, train, argv, doc: str) -> dict:
             cfg = dataclasses.replace(cfg, max_rounds=task.max_rounds)
         return train(cfg, task, stop, saved)
     except torch.OutOfMemoryError:
+        report.close_bars()             # the ending line on a line of its own, no bar below it
         sys.exit(f"error: {cli.OOM_HELP}")
     except runfolder.DiskFull as e:
+        report.close_bars()
         sys.exit(f"error: {disk_full_message(e)}")
     except checkpoint.Damaged as e:     # seen once the model loaded: token ids past its vocabulary
+        report.close_bars()
         distributed.exit_all(f"error: --resume: damaged checkpoint, {e}", 2)
     except KeyboardInterrupt as e:      # a second signal
         stop.interrupted_again(e)

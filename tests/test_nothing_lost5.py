@@ -138,3 +138,45 @@ def test_an_old_checkpoint_that_cannot_be_removed_is_said(tmp_path, tiny_path, c
         checkpoint.read(os.path.join(run, "checkpoint-2"))              # whole
     finally:
         subprocess.run(["umount", busy], check=True)
+
+
+@pytest.mark.slow
+def test_the_full_disk_line_is_not_printed_on_the_progress_bar(tmp_path, tiny_path):
+    """Item 14: with the progress bar on a terminal, the full-disk line printed on the bar's line
+    (after its \\r) and the bar was drawn again below it. On a real 1 MB tmpfs, stderr a real pty:
+    the line starts a line of its own, and nothing of the bar follows it."""
+    import pty
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root and a system that allows it)")
+    master, slave = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # 100 columns
+    try:
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                                 *[a for a in SMALL if a != "--no-progress"], "--max-rounds", "2",
+                                 "--output-dir", str(disk / "run")], stdout=subprocess.DEVNULL,
+                                stderr=slave, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:             # the child closed the pty
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=300) == 1
+        text = out.decode(errors="replace")
+        at = text.index("error: the disk is full")
+        assert "rounds:" in text[:at], repr(text)              # the bar was drawn
+        assert text[at - 1] == "\n", repr(text[max(0, at - 80):at + 20])
+        assert "rounds:" not in text[at:], repr(text[at:])
+    finally:
+        os.close(master)
+        subprocess.run(["umount", str(disk)], check=True)
