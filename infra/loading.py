@@ -234,8 +234,9 @@ class CheckedReward:
     ended at the limit (with its process group: what the reward started ends with it), and a
     signal to the run is never held up by it. A reward that ends its process (os._exit, a
     segfault) is named. The value is the one the reward returned, checked there, sent back as a
-    float. Without a time limit (``timeout`` 0), or where there is no fork (Windows), the reward
-    runs in this process, as a plain call.
+    float. Without a time limit (``timeout`` 0), or off Linux (no fork on Windows; on macOS a fork
+    of a process that has loaded the Objective-C runtime, as PyTorch's MPS does, may crash), the
+    reward runs in this process, as a plain call.
 
     Inside either process the limit is also a SIGALRM timer (``timed``), which cuts a call in
     Python code without ending its process; a reward that catches the timeout and runs on for
@@ -246,10 +247,10 @@ class CheckedReward:
         self.reward, self.on_error, self.errors, self.timeout = reward, on_error, 0, timeout
         self.stuck = ignored_timeout    # (reason, exit code): what ends a reward that ignored it
         self.expiring = lambda: None    # called when the timer first fires (RewardProcess: said)
-        # the reward's own process: with a time limit, where there is fork. own_group: it leads
+        # the reward's own process: with a time limit, on Linux (fork). own_group: it leads
         # a process group (killed whole); False where this process leads one that is killed
         # whole at the end (a generation worker's)
-        self.isolated = timeout > 0 and hasattr(os, "fork")
+        self.isolated = timeout > 0 and sys.platform.startswith("linux")
         self.own_group, self.process = own_group, None
 
     def timed(self, prompt: str, completion: str):
