@@ -1,6 +1,7 @@
 """Issue 69, nothing lost, round five: a resume deletes nothing unasked, the last save keeps what
 fits, the start-up size check measures the file it guards. Each with a real fault: a real run's
 checkpoints, a real RLIMIT_FSIZE, a real tmpfs that fills up."""
+import contextlib
 import json
 import os
 import resource
@@ -17,6 +18,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompts-per-round", "4", "--num-generations", "4", "--batch-size", "16",
          "--buffer-size", "16", "--eval-prompts", "10", "--eval-every", "1", "--no-progress",
          "--no-plot"]
+
+
+@contextlib.contextmanager
+def tmpfs_of_1mb(path):
+    """A real 1 MB tmpfs mounted at ``path`` (made if missing) for the block, unmounted after; the
+    test skipped where none can be mounted."""
+    os.makedirs(path, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root and a system that allows it)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
 
 
 def rows(run):
@@ -92,12 +107,7 @@ def test_a_full_disk_at_the_last_save_keeps_the_adapter_and_says_so(tmp_path, ti
     whole run, though the adapter alone would have fit. On a real 1 MB tmpfs: the adapter (388
     kB) is written first and kept whole, the checkpoint (the optimizer alone 777 kB) is not, and
     the one line says both; the adapter loads."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root and a system that allows it)")
-    try:
+    with tmpfs_of_1mb(tmp_path / "disk") as disk:
         run = str(disk / "run")
         done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *SMALL,
                                "--max-rounds", "2", "--output-dir", run], capture_output=True,
@@ -111,8 +121,6 @@ def test_a_full_disk_at_the_last_save_keeps_the_adapter_and_says_so(tmp_path, ti
         assert weights and all(torch.isfinite(t).all() for t in weights.values())
         del weights                     # its file is mapped: the disk could not be unmounted
         assert not any(name.startswith(("checkpoint-", ".tmp-")) for name in os.listdir(run))
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.slow
@@ -124,20 +132,13 @@ def test_an_old_checkpoint_that_cannot_be_removed_is_said(tmp_path, tiny_path, c
     run = str(tmp_path / "run")
     train.main(SMALL + ["--max-rounds", "1", "--save-every", "1", "--keep-checkpoints", "1",
                         "--output-dir", run])
-    busy = os.path.join(run, "checkpoint-1", "busy")
-    os.mkdir(busy)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", busy],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root and a system that allows it)")
-    try:
+    with tmpfs_of_1mb(os.path.join(run, "checkpoint-1", "busy")):
         capsys.readouterr()
         train.main(["--resume", run, "--max-rounds", "2"])
         err = [line for line in capsys.readouterr().err.splitlines() if "could not remove" in line]
         assert len(err) == 1 and f"saved {run}/checkpoint-2, but could not remove" in err[0]
         assert f"{run}/checkpoint-1 (" in err[0] and "remove them by hand" in err[0]
         checkpoint.read(os.path.join(run, "checkpoint-2"))              # whole
-    finally:
-        subprocess.run(["umount", busy], check=True)
 
 
 @pytest.mark.slow
@@ -145,38 +146,34 @@ def test_the_full_disk_line_is_not_printed_on_the_progress_bar(tmp_path, tiny_pa
     """Item 14: with the progress bar on a terminal, the full-disk line printed on the bar's line
     (after its \\r) and the bar was drawn again below it. On a real 1 MB tmpfs, stderr a real pty:
     the line starts a line of its own, and nothing of the bar follows it."""
-    import pty
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root and a system that allows it)")
-    master, slave = pty.openpty()
     import fcntl
+    import pty
     import struct
     import termios
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # 100 columns
-    try:
-        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
-                                 *[a for a in SMALL if a != "--no-progress"], "--max-rounds", "2",
-                                 "--output-dir", str(disk / "run")], stdout=subprocess.DEVNULL,
-                                stderr=slave, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        os.close(slave)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:             # the child closed the pty
-                break
-            if not chunk:
-                break
-            out += chunk
-        assert proc.wait(timeout=300) == 1
-        text = out.decode(errors="replace")
-        at = text.index("error: the disk is full")
-        assert "rounds:" in text[:at], repr(text)              # the bar was drawn
-        assert text[at - 1] == "\n", repr(text[max(0, at - 80):at + 20])
-        assert "rounds:" not in text[at:], repr(text[at:])
-    finally:
-        os.close(master)
-        subprocess.run(["umount", str(disk)], check=True)
+    with tmpfs_of_1mb(tmp_path / "disk") as disk:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # 100 columns
+        try:
+            with_bar = [a for a in SMALL if a != "--no-progress"]
+            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *with_bar,
+                                     "--max-rounds", "2", "--output-dir", str(disk / "run")],
+                                    stdout=subprocess.DEVNULL,
+                                    stderr=slave, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            os.close(slave)
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:             # the child closed the pty
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            assert proc.wait(timeout=300) == 1
+            text = out.decode(errors="replace")
+            at = text.index("error: the disk is full")
+            assert "rounds:" in text[:at], repr(text)              # the bar was drawn
+            assert text[at - 1] == "\n", repr(text[max(0, at - 80):at + 20])
+            assert "rounds:" not in text[at:], repr(text[at:])
+        finally:
+            os.close(master)
