@@ -40,8 +40,6 @@ MIN_TEMPERATURE = 0.01
 # ---- log pi_theta -----------------------------------------------------------------------------
 def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
     """log pi_theta(o_t | o_<t) of every completion column, and the policy's entropy there.
-    (train.py runs chunked_completion_logp by default, --logp-chunk: these values, less memory;
-    see the end of this docstring.)
 
     cols from ``collate``: input_ids [batch, prompt_len + max_len], completion_mask [batch, max_len]
     (max_len: the batch's longest completion). The logits at column j predict token j + 1, so the
@@ -52,10 +50,10 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient). A
     model in training mode with dropout on is refused (refuse_active_dropout): its log-probs would
     be of another, random function than the one that sampled.
-    train.py hands update_step another function by default (--logp-chunk 256, logp_fn):
-    infra/engineered_update.py's chunked_completion_logp, these values (tested within 1e-5) without
-    the [batch, max_len, vocab] logits, which a real vocabulary makes gigabytes.
-    --logp-chunk 0 runs this one.
+    `python train.py` (the demo) runs this function. For a real model's vocabulary (32,000 tokens
+    or more) train.py hands update_step another one (--logp-chunk, logp_fn): chunked_completion_logp
+    in infra/engineered_update.py. It gives these values (tested within 1e-5) without the
+    [batch, max_len, vocab] logits, which such a vocabulary makes gigabytes.
     """
     check_temperature(cols, temperature)
     check_layout(cols)

@@ -176,8 +176,9 @@ def sample_batch(run: Run, my_B: int, max_uses: int | None = None) -> list | Non
 
 def step_args(run: Run) -> dict:
     """update_step's keyword arguments: the loss's settings, the policy's version now, and the
-    function that gives log pi_theta (--logp-chunk: chunked_completion_logp; 0: completion_logp;
-    --shared-prefix: shared_prefix_logp)."""
+    function that gives log pi_theta: completion_logp, the one replay_rl.py opens with; for a
+    large vocabulary (--logp-chunk) chunked_completion_logp; with --shared-prefix,
+    shared_prefix_logp."""
     cfg = run.cfg
     return dict(pad_id=run.tokenizer.pad_token_id, policy_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
@@ -352,7 +353,9 @@ class Config:
         "float32", choices=("auto", "float32", "bfloat16", "float16"))
     load_in_4bit: bool = opt(False, "base model in 4-bit: bitsandbytes nf4, double quantization")
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
-    logp_chunk: int = opt(256, "tokens per chunk of log-probs (less memory; Llama/Qwen); 0: off")
+    logp_chunk: int = opt(-1, "tokens per chunk of the update's log-probs (less memory; "
+        "Llama/Qwen); 0: off, completion_logp itself; -1: 256 for a vocabulary of 32,000 tokens "
+        "or more, else off (the demo's 20 tokens: off)")
     shared_prefix: bool = opt(False, "the update runs each distinct prompt of a batch once "
         "(infra/shared_prefix.py: the same log-probs, fewer token columns); it replaces "
         "--logp-chunk: the batch's logits are made whole")

@@ -290,6 +290,9 @@ def config_problem(cfg) -> str | None:
                  "new_per_update", "learning_starts", "max_uses", "worker_timeout"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 0"
+    if cfg.logp_chunk < -1:
+        return (f"--logp-chunk {cfg.logp_chunk}: must be -1 (chunked for a large vocabulary), 0 "
+                "(not chunked) or a chunk of tokens")
     if cfg.task not in tasks.TASK_NAMES and not cfg.task.endswith(".jsonl"):
         return (f"--task {cfg.task}: unknown; expected {', '.join(tasks.TASK_NAMES)} or a path to "
                 "a .jsonl file")

@@ -6,9 +6,11 @@ equal to update_step):
                                float16 loss scaling, a step skipped on NaN/inf, the batch's figures
     chunked_completion_logp    completion_logp's values without its [batch, max_len, vocab] logits
 
-Nothing of the method is only here. By default (--logp-chunk 256) train.py's update_step takes its
-log pi_theta from chunked_completion_logp below (its logp_fn): completion_logp's values, tested
-equal, computed a chunk of tokens at a time so that a large vocabulary's logits do not fill memory.
+Nothing of the method is only here. For a model with a vocabulary of 32,000 tokens or more (a real
+one: SmolLM2, Llama, Qwen), train.py's update_step takes its log pi_theta from
+chunked_completion_logp below (--logp-chunk, its logp_fn): completion_logp's values, tested equal,
+computed a chunk of tokens at a time so that the vocabulary's logits do not fill memory. The demo
+model's vocabulary is 20 tokens: `python train.py` runs completion_logp itself.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ FP16_LOSS_SCALE = 2.0**10
 # Tokens per chunk of chunked_completion_logp (train.py's --logp-chunk): with a 152k vocabulary its
 # two fp32 [chunk, vocab] tensors are 0.3 GB, and a chunk is still a large matmul for a GPU.
 LOGP_CHUNK = 256
+# --logp-chunk's default, -1, chunks the log-probs only for a vocabulary of this many tokens or more
+# (Llama 2's 32,000 and up): below it the logits are small and completion_logp itself runs.
+LARGE_VOCAB = 32_000
 # Architectures whose causal LM computes its logits as lm_head(h) and nothing more (no soft cap, no
 # scale): chunked_completion_logp applies the head itself, so it takes only these.
 PLAIN_HEAD_MODELS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3",
@@ -42,6 +47,15 @@ def update_step_for(cfg, world_size: int = 1):
         return replay_rl.update_step
     return functools.partial(update_step_engineered, micro_batch_size=micro,
                              loss_scale=FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
+
+
+def resolve_logp_chunk(chunk: int, model) -> int:
+    """train.py's --logp-chunk as it runs: a chunk given (or 0) as it is; the default -1 is
+    LOGP_CHUNK for a vocabulary of LARGE_VOCAB tokens or more, else 0 (completion_logp)."""
+    if chunk != -1:
+        return chunk
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return LOGP_CHUNK if vocab >= LARGE_VOCAB else 0
 
 
 def logp_fn(chunk: int):

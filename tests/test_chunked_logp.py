@@ -224,3 +224,22 @@ def test_a_chunk_below_one_token_and_another_temperature_are_refused(models):
     with pytest.raises(ValueError, match="gives the lm_head no gradient"):
         _HeadLogp.apply(torch.randn(3, 4), torch.randn(5, 4, requires_grad=True), None,
                         torch.tensor([0, 1, 2]), 1.0, 2)
+
+
+def test_the_default_chunks_only_a_large_vocabulary(models, tmp_path):
+    """--logp-chunk -1 (the default): the demo's 20-token vocabulary runs completion_logp itself
+    (logp_fn None: the function a reader studies), a vocabulary of 32,000 tokens is chunked by 256,
+    one of 31,999 is not; a chunk given, or 0, is kept as it is. The run's config says which."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import train
+    assert train.Config().logp_chunk == -1
+    demo, _ = models["tiny llama, tied"]
+    resolve = engineered_update.resolve_logp_chunk
+    assert resolve(-1, demo) == 0 and engineered_update.logp_fn(resolve(-1, demo)) is None
+    for vocab, chunk in ((32_000, 256), (31_999, 0)):
+        big = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=8,
+                                           num_hidden_layers=1, num_attention_heads=2))
+        assert resolve(-1, big) == chunk
+    assert resolve(64, demo) == 64 and resolve(0, big) == 0
+    assert "must be -1" in train.cli.config_problem(train.Config(logp_chunk=-2))

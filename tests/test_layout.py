@@ -191,21 +191,22 @@ def test_core_lines_fit_100_characters(path):
     assert not long, f"{path}: lines over 100 characters: {long}"
 
 
-def test_the_readme_s_line_range_of_the_loss_copies_and_runs():
-    """The README's "lines a-b of replay_rl.py" (a fourth reader found them stale: they began
-    inside completion_logp and failed with an IndentationError): the range, with LOSS_TYPES and
-    NORMALIZATIONS, runs with torch alone, opens with policy_loss's def,
-    which gives replay_rl's loss on the same inputs."""
+def test_the_readme_s_section_of_the_loss_copies_and_runs():
+    """The README's section of replay_rl.py to copy for the loss (named by its two marker lines, no
+    longer by line numbers: a fourth reader found those stale, beginning inside completion_logp):
+    the section, with LOSS_TYPES and NORMALIZATIONS, runs with torch alone, holds policy_loss's
+    def, and gives replay_rl's loss on the same inputs."""
     import re
     import torch
     import replay_rl
-    a, b = map(int, re.search(r"lines (\d+)-(\d+) of `replay_rl.py`", open(
-        os.path.join(ROOT, "README.md")).read()).groups())
+    start, end = re.search(r"the section `(# ---- [^`]+)` of `replay_rl.py`, up to\s+`(# ---- [^`]+)`",
+                           open(os.path.join(ROOT, "README.md")).read()).groups()
     lines = open(os.path.join(ROOT, "replay_rl.py")).read().splitlines()
-    assert lines[a - 1].startswith("def policy_loss(") and lines[b - 1].strip()
-    assert b == len(lines) or not lines[b].startswith((" ", "\t")) or not lines[b].strip()
+    a = next(i for i, line in enumerate(lines) if line.startswith(start))
+    b = next(i for i, line in enumerate(lines) if line.startswith(end))
+    assert a < b and any(line.startswith("def policy_loss(") for line in lines[a:b])
     copied = "\n".join(["import torch", *[line for line in lines if line.startswith(
-        ("LOSS_TYPES", "NORMALIZATIONS"))], *lines[a - 1:b]])
+        ("LOSS_TYPES", "NORMALIZATIONS"))], *lines[a:b]])
     space = {}
     exec(compile(copied, "copied", "exec"), space)      # the repository's own code, not output
     logp = torch.tensor([[-0.5, -1.0]], requires_grad=True)

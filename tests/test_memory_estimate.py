@@ -63,11 +63,10 @@ def test_logits_term_is_five_fp32_completion_logits_linear_in_micro_batch_and_vo
 
 
 def test_chunked_logits_term_is_two_fp32_chunks_and_two_hidden_states_per_token():
-    """train.py's default --logp-chunk 256: two fp32 [256, V] tensors, whatever the micro-batch, and
-    per scored token its bf16 hidden state and gradient direction."""
+    """train.py's --logp-chunk 256 (its default for Qwen's vocabulary): two fp32 [256, V] tensors,
+    whatever the micro-batch, and per scored token its bf16 hidden state and gradient direction."""
     from infra import engineered_update
-    import train
-    assert me.LOGP_CHUNK == engineered_update.LOGP_CHUNK == train.Config().logp_chunk == 256
+    assert me.LOGP_CHUNK == engineered_update.LOGP_CHUNK == 256
     V, h = 151936, 896
     e = est(micro=8, new=256, chunk=256)
     assert e["logits"] == pytest.approx((2 * 256 * V * 4 + 2 * 8 * 256 * h * 2) / GB)     # 0.30 GB
