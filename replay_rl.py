@@ -210,19 +210,20 @@ def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0
     return loss, metrics, entropy
 
 
-def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, policy_version: int,
+def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, current_version: int,
                 temperature: float = 1.0, beta: float = 0.0, max_grad_norm: float = 1.0,
                 logp_fn=None, **loss_args) -> dict:
     """One optimizer step on a batch of rollouts: one forward over the batch at the sampling
     temperature, the loss against the stored behaviour log-probs, backward, clip, step; a step
     whose loss or gradient is NaN/inf is skipped (metrics["skipped"] = 1). The model must compute
     the function that sampled: with dropout active in training mode completion_logp refuses (rho
-    != 1 even on fresh data). loss_args: policy_loss's (loss_type, is_cap, epsilon,
-    normalization, asymre_tau); logp_fn: batch_loss's. train.py runs this step;
+    != 1 even on fresh data). current_version: the policy's optimizer steps so far (each rollout's
+    age is current_version minus its own policy_version). loss_args: policy_loss's (loss_type,
+    is_cap, epsilon, normalization, asymre_tau); logp_fn: batch_loss's. train.py runs this step;
     infra/engineered_update.py takes the same step in micro-batches, over processes or in fp16,
     when a flag asks for one (tests keep them equal).
     """
-    cols = collate(rollouts, pad_id, policy_version, device=next(model.parameters()).device)
+    cols = collate(rollouts, pad_id, current_version, device=next(model.parameters()).device)
     loss, metrics, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                         logp_fn=logp_fn, **loss_args)
     optimizer.zero_grad(set_to_none=True)

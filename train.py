@@ -180,7 +180,7 @@ def step_args(run: Run) -> dict:
     large vocabulary (--logp-chunk) chunked_completion_logp; with --shared-prefix,
     shared_prefix_logp."""
     cfg = run.cfg
-    return dict(pad_id=run.tokenizer.pad_token_id, policy_version=run.state.step,
+    return dict(pad_id=run.tokenizer.pad_token_id, current_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, asymre_tau=cfg.asymre_tau,

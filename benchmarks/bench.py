@@ -193,7 +193,7 @@ def main(argv=None) -> dict:
     optimizer, bare_optimizer = new_optimizer(), new_optimizer()
 
     def update():
-        return update_step_engineered(model, optimizer, batch, policy_version=0, **step)
+        return update_step_engineered(model, optimizer, batch, current_version=0, **step)
 
     def bare_update():
         bare_step(model, bare_optimizer, cols)
@@ -213,7 +213,7 @@ def main(argv=None) -> dict:
         t_add, _ = timed(lambda: buffer.add(rollouts))
         t_sample, batch = timed(lambda: buffer.sample(args.batch_size))
         t_collate, _ = timed(lambda: collate(batch, pad_id, i))     # apart: update_step_engineered collates inside
-        t_update, _ = timed(lambda: update_step_engineered(model, optimizer, batch, policy_version=i, **step))
+        t_update, _ = timed(lambda: update_step_engineered(model, optimizer, batch, current_version=i, **step))
         if i >= args.warmup:
             for k, t in zip(parts, (t_gen, t_add, t_sample, t_collate, t_update, t_gen + t_add + t_sample + t_update)):
                 parts[k].append(t)

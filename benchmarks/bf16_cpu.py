@@ -66,7 +66,7 @@ def one_round(model, tokenizer, task, round_: int, optimizer) -> dict:
     real = cols["completion_mask"] > 0
     log_rho = (logp - cols["behaviour_logp"])[real].double()
     start = time.perf_counter()
-    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
+    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
                 temperature=T)
     step = time.perf_counter() - start
     return {"tokens": int(real.sum()), "abs_log_rho": log_rho.abs().tolist(),

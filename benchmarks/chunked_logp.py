@@ -176,7 +176,7 @@ def steps(pairs: int = 8) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     variants = (("plain", 0), ("chunked", LOGP_CHUNK))
     step = lambda chunk: update_step_engineered(
-        model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0,
+        model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
         temperature=cfg.temperature, logp_chunk=chunk)
     times = {"plain": [], "chunked": []}
     for i in range(pairs + 1):

@@ -181,7 +181,7 @@ def bench_update(name: str, loaded, rounds: int) -> dict:
     for i in range(rounds + 1):
         for arm in order[i % len(order):] + order[:i % len(order)]:      # rotated each round
             wall, cpu = time.perf_counter(), time.process_time()
-            update_step(model, optimizer, rollouts, pad_id=pad_id, policy_version=0,
+            update_step(model, optimizer, rollouts, pad_id=pad_id, current_version=0,
                         temperature=cfg.temperature, logp_fn=functions[arm])
             times[arm].append((time.process_time() - cpu, time.perf_counter() - wall))
         print(f"  {name} round {i}{' (warm-up)' if i == 0 else ''}: "

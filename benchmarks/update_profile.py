@@ -95,7 +95,7 @@ def ours(logp_fn=None):
         original = replay_rl.completion_logp
         replay_rl.completion_logp = logp_fn or original
         try:
-            return update_step_engineered(model, opt, rollouts, pad_id=0, policy_version=0)
+            return update_step_engineered(model, opt, rollouts, pad_id=0, current_version=0)
         finally:
             replay_rl.completion_logp = original
     return step

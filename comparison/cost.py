@@ -191,7 +191,7 @@ def main(argv=None) -> dict:
 
     def step(B: int):
         batch = rng.sample(pool, B)
-        update_step_engineered(model, optimizer, batch, pad_id=tokenizer.pad_token_id, policy_version=0, loss_type=cfg.loss,
+        update_step_engineered(model, optimizer, batch, pad_id=tokenizer.pad_token_id, current_version=0, loss_type=cfg.loss,
                     is_cap=cfg.is_cap, epsilon=cfg.epsilon, normalization=cfg.normalization,
                     temperature=cfg.temperature, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
                     max_grad_norm=cfg.max_grad_norm)

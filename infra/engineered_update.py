@@ -67,7 +67,7 @@ def logp_fn(chunk: int):
 
 # ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
 def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int,
-                           policy_version: int, temperature: float = 1.0, beta: float = 0.0,
+                           current_version: int, temperature: float = 1.0, beta: float = 0.0,
                            normalization: str = "token_mean", micro_batch_size: int = 0,
                            max_grad_norm: float = 1.0, loss_scale: float = 1.0,
                            logp_fn=None, **loss_args) -> dict:
@@ -92,7 +92,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     refuse_active_dropout(model)
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
-    ages = [policy_version - rollout.policy_version for rollout in rollouts]
+    ages = [current_version - rollout.policy_version for rollout in rollouts]
     total_tokens, total_sequences, age_sum, uses_sum = _over_processes(torch.tensor(
         [sum(len(rollout.completion_ids) for rollout in rollouts), len(rollouts), sum(ages),
          sum(rollout.uses for rollout in rollouts)], dtype=torch.float64)).tolist()
@@ -107,7 +107,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     optimizer.zero_grad(set_to_none=True)
     for i in range(0, len(rollouts), micro):
         chunk = rollouts[i:i + micro]
-        cols = collate(chunk, pad_id, policy_version, device=device)
+        cols = collate(chunk, pad_id, current_version, device=device)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                       normalization=normalization, logp_fn=logp_fn,
                                       num_items_in_batch=count, **loss_args)

@@ -327,7 +327,7 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, current_version=0)
     assert m["skipped"] == 1 and not optimizer.state
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 

@@ -153,7 +153,7 @@ def test_update_step_engineered_takes_the_same_step_with_chunks(models):
     for chunk in (0, 3):
         trained = copy.deepcopy(model)
         m = update_step_engineered(trained, torch.optim.SGD(trainable(trained), lr=0.5), rollouts,
-                                   pad_id=pad_id, policy_version=0, micro_batch_size=3,
+                                   pad_id=pad_id, current_version=0, micro_batch_size=3,
                                    logp_fn=engineered_update.logp_fn(chunk), max_grad_norm=1e3)
         after[chunk] = m, torch.cat([p.detach().flatten() for p in trainable(trained)])
     (plain, weights), (chunked, chunked_weights) = after[0], after[3]

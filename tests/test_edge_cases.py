@@ -92,7 +92,7 @@ def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     for micro in (0, 5):
         model.load_state_dict(start, strict=False)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        figures[micro] = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+        figures[micro] = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, current_version=0,
                                                beta=0.1, normalization="sequence_mean", micro_batch_size=micro)
     assert figures[0]["ref_kl"] > 1e-4
     assert figures[5]["ref_kl"] == pytest.approx(figures[0]["ref_kl"], rel=1e-5)

@@ -32,7 +32,7 @@ def gradient(model, tok, rollouts, loss_scale, max_grad_norm=1e9, metrics=None):
     max_grad_norm (by default never); its metrics go into ``metrics``."""
     params = [p for p in model.parameters() if p.requires_grad]
     m = engineered_update.update_step_engineered(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
-                              policy_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
+                              current_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
     (metrics if metrics is not None else {}).update(m)
     return torch.cat([p.grad.flatten() for p in params])
 
@@ -49,7 +49,7 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
     loss, _ = replay_rl.policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
     assert loss.dtype == torch.float32
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, policy_version=0,
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, current_version=0,
                               loss_scale=engineered_update.FP16_LOSS_SCALE)
     assert m["skipped"] == 0 and m["grad_norm"] > 0
     states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]

@@ -162,7 +162,7 @@ def both_steps(model, tokenizer, mine, theirs, max_grad_norm, step=None):
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
     a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id, minimal.T, minimal.C)
     b = (step or replay_rl.update_step)(other, sgd(other), theirs, pad_id=tokenizer.pad_token_id,
-                                        policy_version=0, max_grad_norm=max_grad_norm,
+                                        current_version=0, max_grad_norm=max_grad_norm,
                                         temperature=minimal.T, is_cap=minimal.C)
     trained = [(x, y, z) for x, y, z in zip(ours.parameters(), other.parameters(),
                                             model.parameters()) if x.requires_grad]
@@ -244,12 +244,12 @@ def test_the_plain_update_is_the_engineered_one_in_micro_batches(demo, stale_bat
     model = copy.deepcopy(model)
     if beta:            # one step first moves the adapter off the base, so that the KL term is not 0
         replay_rl.update_step(model, sgd(model), rollouts, pad_id=tokenizer.pad_token_id,
-                              policy_version=3, **warm)
+                              current_version=3, **warm)
     plain, engineered = copy.deepcopy(model), copy.deepcopy(model)
     a = replay_rl.update_step(plain, sgd(plain), rollouts, pad_id=tokenizer.pad_token_id,
-                              policy_version=3, **warm)
+                              current_version=3, **warm)
     b = update_step_engineered(engineered, sgd(engineered), rollouts, pad_id=tokenizer.pad_token_id,
-                               policy_version=3, micro_batch_size=5, **warm)
+                               current_version=3, micro_batch_size=5, **warm)
     names = ["loss", "is_ratio_mean", "is_ratio_max", "is_truncated_frac", "approx_kl", "grad_norm"]
     for name in names + (["ref_kl"] if beta else []):
         assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name

@@ -85,7 +85,7 @@ def test_rollouts_update_lora_and_adapter_reloads(model_dirs, arch, tmp_path):
         # the log-probs recorded while sampling are those of a training forward on this architecture
         assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-4
         model.train()
-        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=step)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=step)
 
     params = dict(model.named_parameters())
     assert all(not torch.equal(params[n], before) for n, before in lora.items())
@@ -122,7 +122,7 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
     def lora_grads(model, rollouts, pad_id):
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step_engineered(model, optimizer, rollouts, pad_id=pad_id, policy_version=0)
+        update_step_engineered(model, optimizer, rollouts, pad_id=pad_id, current_version=0)
         return {n: p.grad for n, p in model.named_parameters() if "lora_" in n}
 
     model, tokenizer = policy()
@@ -211,7 +211,7 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
                                             num_generations=4, max_new_tokens=6, policy_version=0)
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0, micro_batch_size=4)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0, micro_batch_size=4)
         grads[checkpointing] = {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
     assert len(grads[True]) == 28 and all(g.abs().sum() > 0 for g in grads[True].values())
     for name, g in grads[False].items():

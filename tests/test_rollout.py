@@ -138,7 +138,7 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
         assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, quick)) < 1e-5
-        loss = update_step_engineered(model, optimizer, quick, pad_id=tokenizer.pad_token_id, policy_version=round_,
+        loss = update_step_engineered(model, optimizer, quick, pad_id=tokenizer.pad_token_id, current_version=round_,
                                       temperature=1.5)
         assert loss["grad_norm"] > 0                    # the policy moved: the next round samples anew
     assert caches[0] is caches[1] and caches[2] is not caches[1]

@@ -285,7 +285,7 @@ def test_the_update_steps_take_the_same_step(tiny_archs, micro_batch_size):
     for name, logp_fn in (("plain", None), ("shared", shared_prefix_logp)):
         trained = copy.deepcopy(model)
         optimizer = torch.optim.SGD(trainable(trained), lr=0.5)
-        args = dict(pad_id=tokenizer.pad_token_id, policy_version=0, temperature=0.7,
+        args = dict(pad_id=tokenizer.pad_token_id, current_version=0, temperature=0.7,
                     max_grad_norm=1e3, logp_fn=logp_fn)
         if micro_batch_size:
             metrics = update_step_engineered(trained, optimizer, batch,

@@ -140,7 +140,7 @@ def test_lora_wraps_the_llama_projections_and_an_update_moves_only_the_adapter(s
                                     lambda p, c: next(rewards), num_generations=4, max_new_tokens=8, policy_version=0)
     model.train()
     optimizer = torch.optim.AdamW(list(lora.values()), lr=1e-3, weight_decay=0.0)
-    update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
+    update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
     after = dict(model.named_parameters())
     moved = [n for n in lora if not torch.equal(after[n], before[n])]
     # lora_B starts at 0, so the first step moves every lora_B (lora_A's gradient is B^T ... = 0)

@@ -160,7 +160,7 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
     rollouts[0].behaviour_logp[0] = math.nan
     rollouts[0].advantage = rollouts[1].advantage = 1.0       # a gradient, whatever the rewards
     steps = [lambda m, opt: update_step(m, opt, rollouts, pad_id=tokenizer.pad_token_id,
-                                        policy_version=0, temperature=1.5),
+                                        current_version=0, temperature=1.5),
              lambda m, opt: minimal.update(m.eval(), opt, [
                  minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
                                  r.advantage, 0, r.temperature) for r in rollouts],
@@ -337,7 +337,7 @@ def test_issue61_trap10_the_kl_term_needs_a_peft_model(policy):
     rollouts = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.0)]
     optimizer = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-3)
     with pytest.raises(ValueError, match="beta 0.1 > 0: .*disable_adapter"):
-        update_step(bare, optimizer, rollouts, pad_id=0, policy_version=0, beta=0.1)
+        update_step(bare, optimizer, rollouts, pad_id=0, current_version=0, beta=0.1)
 
 
 def test_issue61_trap11_help_shows_the_models_own_defaults(capsys):
@@ -466,7 +466,7 @@ def test_t1_dropout_a_layer_reads_from_its_config_is_found_zeroed_and_refused(tm
     model.train()                               # as train.py steps: training mode
     metrics = update_step(model, torch.optim.SGD([p for p in model.parameters()
                                                   if p.requires_grad], lr=0.0),
-                          rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
+                          rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
     assert abs(metrics["is_ratio_max"] - 1) < 1e-4 and metrics["approx_kl"] < 1e-7
 
 
@@ -499,10 +499,10 @@ def test_t3_update_step_refuses_active_dropout_in_training_mode(policy, addition
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
     model.train()
     with pytest.raises(ValueError, match=r"training mode with active dropout \(.*attention_dropout"):
-        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, policy_version=0)
+        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
     model.eval()
     metrics = update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
-                          policy_version=0)
+                          current_version=0)
     assert abs(metrics["is_ratio_mean"] - 1) < 1e-5
 
 
