@@ -1,14 +1,17 @@
-"""The replay buffer: a FIFO of individual rollouts, sampled uniformly without removal.
+"""The replay buffer: a FIFO of single rollouts, sampled uniformly without removal.
 
-Imports only torch and the standard library, so it can be copied into any project. Read in this
-order: ``Rollout`` (what travels from generation to the loss), ``ReplayBuffer`` (the paper's buffer:
-add with FIFO eviction, sample, uses counted), ``collate`` (a sampled batch padded for the
-forward). Below them, marked: ``ReplayBufferWithVariants`` (the paper's variants, off by default)
-and the buffer's checkpoint form (``buffer_state``, ``load_buffer_state``).
+It imports only torch and the standard library, so it can be copied into any project. Read it in
+this order:
+  - ``Rollout``: what travels from generation to the loss.
+  - ``ReplayBuffer``: the paper's buffer. It adds with FIFO eviction, samples, and counts uses.
+  - ``collate``: it pads a sampled batch for the forward.
+Below them, each after a marker line, come ``ReplayBufferWithVariants`` (the paper's variants, off
+by default) and the buffer's checkpoint form (``buffer_state``, ``load_buffer_state``).
 
-Each rollout keeps the policy version that generated it (its optimizer steps, ``policy_version``),
-so its age (the current version minus its own) is known when it is replayed (collate's ``age``).
-Tokens are stored unpadded (one 1-D tensor per rollout); collate pads a batch only when it is used.
+A policy's version is the number of optimizer steps it has taken. Each rollout keeps the version
+of the policy that generated it (``policy_version``). Its age is the current version minus its
+own, and collate returns it as ``age`` when the rollout is replayed. Tokens are stored unpadded,
+one 1-D tensor per rollout. collate pads a batch only when it is used.
 """
 from __future__ import annotations
 
@@ -17,28 +20,28 @@ from dataclasses import dataclass
 import torch
 
 
-# eq=False: equality is identity. The generated __eq__ would compare tensors field by field, and
-# `rollout in batch`, `batch.index(rollout)` and `batch.remove(rollout)` would raise ("Boolean value
-# of Tensor with more than one value is ambiguous").
+# eq=False makes equality identity. The generated __eq__ would compare tensors field by field, so
+# `rollout in batch`, `batch.index(rollout)` and `batch.remove(rollout)` would raise ("Boolean
+# value of Tensor with more than one value is ambiguous").
 @dataclass(eq=False)
 class Rollout:
-    """One sampled completion and everything the loss needs to replay it later.
+    """One sampled completion, with everything the loss needs to replay it later.
 
-    prompt_ids:      [its length] prompt token ids (no padding)
-    completion_ids:  [its length] completion token ids, up to and including the first EOS
-                     (no EOS when generation hit max_new_tokens); no padding
-    behaviour_logp:  [its length] log mu(o_t | o_<t): log-prob of each completion token under
+    prompt_ids:      [its length] prompt token ids, no padding
+    completion_ids:  [its length] completion token ids up to and including the first EOS, no
+                     padding. There is no EOS when generation hit max_new_tokens.
+    behaviour_logp:  [its length] log mu(o_t | o_<t): the log-prob of each completion token under
                      the policy that sampled it (mu), at the sampling temperature T
-    reward:          scalar reward of the completion
-    advantage:       A = (r - mean r) / (sample std r + 1e-4) in its group, fixed at generation
-                     time (never recomputed)
-    policy_version:  the version of the policy that generated it: its optimizer steps so far
-                     (a step skipped as NaN/inf counts: ages count every step tried)
-    baseline:        V, the mean reward of its group (AsymRE's r - (V - tau) needs it)
-    temperature:     T it was sampled at: the loss must take log pi_theta at the same T
+    reward:          the completion's scalar reward
+    advantage:       A = (r - mean r) / (sample std r + 1e-4) in its group. It is fixed at
+                     generation time and never recomputed.
+    policy_version:  the version of the policy that generated it: the optimizer steps taken so
+                     far, a skipped NaN/inf step included (ages count every step tried)
+    baseline:        V, the mean reward of its group. AsymRE's r - (V - tau) needs it.
+    temperature:     the T it was sampled at. The loss must take log pi_theta at the same T.
     uses:            how many training batches it has been part of so far
-    baseline and temperature have no default: a default of 0 or 1 that the loss reads would pass
-    its guards silently (AsymRE's coefficient, the temperature check).
+    baseline and temperature have no default. The loss reads both, and a default of 0 or 1 would
+    pass its guards silently (AsymRE's coefficient, the temperature check).
     """
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
@@ -52,13 +55,13 @@ class Rollout:
 
 
 class ReplayBuffer:
-    """The paper's buffer: up to N = ``capacity`` rollouts, oldest first. ``add`` appends and, past
-    N, evicts the oldest (FIFO). ``sample(B)`` draws B distinct rollouts uniformly at random and
-    leaves them in: a rollout can be drawn again until it is evicted, and ``uses`` counts how often
-    it was. Of the rollouts that left, ``left_by_uses`` counts how often each had been used
-    ([unused, once, twice, ...]): the replay ratio as measured.
-    seed: of the sampler; None (the default) draws a fresh one, so two buffers draw different
-    batches; pass one for a run that repeats (train.py passes --seed)."""
+    """The paper's buffer: up to N = ``capacity`` rollouts, oldest first. ``add`` appends them;
+    past N it evicts the oldest (FIFO). ``sample(B)`` draws B distinct rollouts uniformly at random
+    and leaves them in the buffer. A rollout can be drawn again until it is evicted, and ``uses``
+    counts how often it was drawn. ``left_by_uses`` counts the rollouts that have left by how often
+    each was used ([unused, once, twice, ...]). It measures the replay ratio.
+    seed: the sampler's seed. None (the default) draws a fresh one, so two buffers draw different
+    batches. Pass a seed for a run that repeats (train.py passes --seed)."""
 
     def __init__(self, capacity: int, seed: int | None = None):
         if capacity <= 0:
@@ -67,7 +70,7 @@ class ReplayBuffer:
         self.items: list[Rollout] = []              # oldest first
         self.generator = torch.Generator()
         if seed is None:
-            self.generator.seed()                   # from the OS's entropy: a stream of its own
+            self.generator.seed()                   # from the OS's entropy, a stream of its own
         else:
             self.generator.manual_seed(seed)
         self.left_by_uses: list[int] = []
@@ -76,8 +79,9 @@ class ReplayBuffer:
         return len(self.items)
 
     def add(self, rollouts: list[Rollout]) -> int:
-        """Append rollouts (oldest first); past capacity the oldest leave. Returns how many were
-        stored. More than the capacity at once raises: the first would leave before any batch."""
+        """Append rollouts, oldest first. Past capacity the oldest leave. Returns how many were
+        stored. Adding more than the capacity at once raises, because the first ones would leave
+        before any batch used them."""
         if len(rollouts) > self.capacity:
             raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.capacity}: "
                              f"the first {len(rollouts) - self.capacity} would be evicted before "
@@ -88,12 +92,13 @@ class ReplayBuffer:
         return len(rollouts)
 
     def evict(self) -> None:
-        """Down to capacity, the oldest first (FIFO)."""
+        """Evict the oldest rollouts (FIFO) until the buffer is down to capacity."""
         self.count_leaving(self.items[:-self.capacity])
         self.items = self.items[-self.capacity:]
 
     def sample(self, batch_size: int) -> list[Rollout]:
-        """B distinct rollouts, uniformly at random; their use counts go up; they stay."""
+        """Draw B distinct rollouts uniformly at random. Their use counts go up, and they stay in
+        the buffer."""
         if batch_size > len(self.items):
             raise ValueError(f"cannot sample {batch_size} rollouts from a buffer of "
                              f"{len(self.items)}")
@@ -104,7 +109,7 @@ class ReplayBuffer:
         return sampled
 
     def count_leaving(self, rollouts: list[Rollout]) -> None:
-        """Rollouts leaving the buffer, counted by how often each had been used."""
+        """Count the rollouts leaving the buffer by how often each was used."""
         for rollout in rollouts:
             if rollout.uses >= len(self.left_by_uses):
                 self.left_by_uses += [0] * (rollout.uses + 1 - len(self.left_by_uses))
@@ -123,16 +128,18 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
                         padding
       behaviour_logp:   [batch, max_len]  (0 on padding)
       advantage, reward, baseline:  [batch]
-      temperature:      the T they were sampled at (a float; rollouts of different T raise)
-      age:              [batch]  current_version (the current policy's) minus each rollout's, only
-                        when current_version is given (a default of 0 would give negative ages)
+      temperature:      the T they were sampled at, a float. Rollouts of different T raise.
+      age:              [batch]  the current policy's version (current_version) minus each
+                        rollout's. Only when current_version is given: a default of 0 would give
+                        negative ages.
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
-    Guards, and what they cannot see: a prompt that begins or ends with pad_id, and a completion
-    that ends with two of them (a row of a padded batch), are refused. Pass the pad id the prompts
-    were padded with: padding with another id (eos where the tokenizer pads with <pad>) passes
-    and is read as prompt tokens; a completion kept with one pad after its EOS passes too and
-    trains that pad. Store each rollout trimmed: the prompt's own tokens, the completion up to and
+    The guards refuse a prompt that begins or ends with pad_id, and a completion that ends with
+    two of them (a row of a padded batch). They cannot see two other errors:
+      - prompts padded with another id (eos where the tokenizer pads with <pad>). They pass, and
+        the pads are read as prompt tokens. Pass the pad id the prompts were padded with.
+      - a completion kept with one pad after its EOS. It passes, and that pad is trained on.
+    So store each rollout trimmed: the prompt's own tokens, and the completion up to and
     including its first EOS.
     """
     if any(len(r.prompt_ids) and pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1]))
@@ -169,8 +176,8 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
 
 
 def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tensor]:
-    """collate's token tensors: input_ids, attention_mask, position_ids [batch, prompt_len +
-    max_len], completion_mask and behaviour_logp [batch, max_len]."""
+    """collate's token tensors. input_ids, attention_mask, position_ids: [batch, prompt_len +
+    max_len]. completion_mask, behaviour_logp: [batch, max_len]."""
     prompt_len = max(len(rollout.prompt_ids) for rollout in rollouts)
     max_len = max(len(rollout.completion_ids) for rollout in rollouts)
     n = len(rollouts)
@@ -185,7 +192,7 @@ def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tenso
         attention_mask[i, start:end] = 1
         behaviour_logp[i, :len(rollout.completion_ids)] = rollout.behaviour_logp
     return {"input_ids": input_ids, "attention_mask": attention_mask,
-            # real tokens, as generate
+            # positions count real tokens only, as generate numbers them
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
             "completion_mask": attention_mask[:, prompt_len:].float(),
             "behaviour_logp": behaviour_logp}
@@ -193,22 +200,29 @@ def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tenso
 
 # ---- variants: the paper's and ours, each off by default ---------------------------------------
 class ReplayBufferWithVariants(ReplayBuffer):
-    """ReplayBuffer with the variants train.py's flags turn on; with all off, it is ReplayBuffer.
-      max_age                 drop rollouts older than this many optimizer steps: ``sample`` then
-                              needs the current ``policy_version`` and drops them before it draws
-                              (``drop_stale`` does it alone);
-      sample(B, max_uses=U)   a cap on reuse: a rollout used U times leaves (``remove``: U = 1, each
-                              used once), however many batches are drawn from what is held;
-      keep_correct_frac = delta > 0   positive-bias retention (the paper's): when full, keep the
-                              freshest (1 - delta) * N rollouts (at least those of the latest add)
-                              plus, in the other slots, the freshest *correct* older ones (reward
-                              >= correct_reward, default 1.0: a task's full reward), then the
-                              freshest other older ones, so the buffer stays full;
+    """ReplayBuffer with the variants that train.py's flags turn on. With all of them off, it is
+    ReplayBuffer.
+      max_age                 drop rollouts older than this many optimizer steps. ``sample`` then
+                              needs the current version (``current_version``) and drops them
+                              before it draws. ``drop_stale`` drops them on its own.
+      sample(B, max_uses=U)   a cap on reuse: a rollout used U times leaves, however many batches
+                              are drawn from what is held. ``remove`` is U = 1: each is used once.
+      keep_correct_frac = delta > 0   positive-bias retention (the paper's). When the buffer is
+                              full, it keeps the freshest (1 - delta) * N rollouts, at least those
+                              of the latest add. The other slots go to the freshest *correct*
+                              older ones (reward >= correct_reward, by default 1.0, a task's full
+                              reward), then to the freshest other older ones. So the buffer stays
+                              full.
       skip_zero_advantage     never store rollouts of advantage 0 (their group's rewards were all
-                              equal): right only for losses that get no gradient from them, so it
-                              needs the loss named (loss_type, beta; zero_advantage_filter_fits);
-      add(rollouts, limit)    store at most ``limit`` of them (train.py's add_to_buffer sets it
-                              with --new-per-update S; see there).
+                              equal). This is right only for losses that get no gradient from
+                              them, so it needs the loss named (loss_type, beta; see
+                              zero_advantage_filter_fits).
+      add(rollouts, limit)    store at most ``limit`` of them. With --new-per-update S > 0,
+                              train.py's add_to_buffer passes the larger of two counts: the S new
+                              rollouts the updates wait for, less those of the current policy
+                              already held; and what a filling buffer still lacks of B (of
+                              --learning-starts before the first update, if that is more).
+                              With S = 0 it passes no limit.
     """
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,
@@ -245,10 +259,10 @@ class ReplayBufferWithVariants(ReplayBuffer):
             super().evict()
 
     def evict_keeping_correct(self, n_new: int) -> None:
-        """A variant, positive-bias retention: keep the freshest (1 - delta) * N, never fewer than
-        the n_new just added (an earlier add's unused rollouts are not protected), plus in the
-        other slots the freshest correct older ones (reward >= correct_reward), then the freshest
-        other older ones."""
+        """A variant, positive-bias retention. Keep the freshest (1 - delta) * N, and never fewer
+        than the n_new just added. An earlier add's unused rollouts are not protected. Fill the
+        other slots with the freshest correct older ones (reward >= correct_reward), then with
+        the freshest other older ones."""
         n_fresh = min(self.capacity,
                       max(self.capacity - int(self.keep_correct_frac * self.capacity), n_new))
         older, fresh = self.items[:-n_fresh], self.items[-n_fresh:]
@@ -257,7 +271,7 @@ class ReplayBufferWithVariants(ReplayBuffer):
             self.count_leaving(older)
             self.items = fresh
             return
-        # the older rollouts to keep: correct ones first, then the rest, each freshest first
+        # rank the older rollouts: correct ones first, then the rest, freshest first in each
         newest_first = list(range(len(older) - 1, -1, -1))
         correct = [i for i in newest_first if older[i].reward >= self.correct_reward]
         ranked = correct + [i for i in newest_first if older[i].reward < self.correct_reward]
@@ -267,8 +281,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
 
     def drop_stale(self, current_version: int) -> int:
         """A variant: evict rollouts older than max_age optimizer steps. Returns how many were
-        dropped. ``sample(B, current_version=...)`` runs it first; call it alone to drop them
-        earlier (train.py does after each add, so that what is counted held is fresh enough)."""
+        dropped. ``sample(B, current_version=...)`` runs it first. Call it alone to drop them
+        earlier. train.py does so after each add, so that the rollouts it counts as held are
+        fresh enough."""
         if self.max_age is None:
             return 0
         stale = [rollout for rollout in self.items
@@ -280,8 +295,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
 
     def sample(self, batch_size: int, remove: bool = False, max_uses: int | None = None,
                current_version: int | None = None) -> list[Rollout]:
-        """ReplayBuffer.sample, with the stale rollouts dropped first (max_age: current_version, the
-        current policy's steps, is then required) and the cap on uses after (max_uses, remove)."""
+        """ReplayBuffer.sample with two variants. Before the draw it drops stale rollouts
+        (max_age), which needs current_version, the current policy's steps. After the draw it
+        applies the cap on uses (max_uses, remove)."""
         if max_uses is not None and max_uses < 1:
             raise ValueError(f"max_uses {max_uses}: None is no cap; below 1 nothing could be used")
         if remove and max_uses is not None:
@@ -301,17 +317,18 @@ class ReplayBufferWithVariants(ReplayBuffer):
 
 
 def zero_advantage_filter_fits(loss_type: str | None, beta: float) -> bool:
-    """Whether rollouts of A = 0 carry no gradient under this loss, so skip_zero_advantage drops
-    none that has one: tis and ppo without the KL term (asymre weighs them by tau, the KL term by
-    beta). The step still changes: under token_mean their tokens leave the normalizer, so the same
-    gradient is divided by fewer tokens (1 / (1 - the share of tokens dropped) larger)."""
+    """Whether rollouts of A = 0 carry no gradient under this loss, so that skip_zero_advantage
+    drops none that has one. That holds for tis and ppo without the KL term. asymre weighs them by
+    tau, and the KL term by beta. The step still changes. Under token_mean their tokens leave the
+    normalizer, so the same gradient is divided by fewer tokens. It grows by 1 / (1 - the share of
+    tokens dropped)."""
     return loss_type in ("tis", "ppo") and not beta > 0
 
 
 # ---- the buffer's checkpoint form: a flat dict of tensors (safetensors can write it) -----------
 def buffer_state(buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-    """The buffer as a flat dict of tensors (safetensors can write it): its rollouts, their use
-    counts, its sampler's state, the count of those gone by uses."""
+    """The buffer as a flat dict of tensors, which safetensors can write. It holds the rollouts,
+    their use counts, the sampler's state, and the count of those gone by uses."""
     items = buffer.items
     cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
     return {
@@ -339,8 +356,8 @@ def buffer_state(buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
 def load_buffer_state(buffer: ReplayBuffer, state: dict[str, torch.Tensor],
                       temperature: float | None = None) -> None:
     """Put ``buffer_state``'s contents into a buffer of at least that capacity. temperature: the T
-    of a buffer saved before rollouts kept their own (the run's --temperature); such a buffer
-    without it raises."""
+    of a buffer saved before rollouts kept their own T (the run's --temperature). Such a buffer
+    raises without it."""
     prompts = torch.split(state["prompt_ids"], state["prompt_lens"].tolist())
     completions = torch.split(state["completion_ids"], state["completion_lens"].tolist())
     logps = torch.split(state["behaviour_logp"], state["completion_lens"].tolist())
@@ -361,5 +378,5 @@ def load_buffer_state(buffer: ReplayBuffer, state: dict[str, torch.Tensor],
                           temperature=temperatures[i])
                   for i, (p, c, lp) in enumerate(zip(prompts, completions, logps))]
     buffer.generator.set_state(state["generator_state"])
-    # a checkpoint older than this count: none counted as gone
+    # a checkpoint saved before this count existed: none counted as gone
     buffer.left_by_uses = state["left_by_uses"].tolist() if "left_by_uses" in state else []
