@@ -3,32 +3,37 @@
     python minimal.py        # the demo model learns to carry in 2-digit sums (about 20 s, CPU)
 
 It imports torch, transformers, peft and the standard library, and nothing of this repository. The
-demo model is a 0.53M-parameter Llama with a character tokenizer, loaded with ``from_pretrained``
-from the folder demo/; it was trained on sums by a sloppy teacher who forgets each carry 70% of
-the time, so it knows how to carry but rarely does (0.35 of the held-out sums right). RL with a
-0/1 reward for the exact sum teaches it to carry (0.9 or more).
+demo model is a 0.53M-parameter Llama with a character tokenizer. It is loaded with
+``from_pretrained`` from the folder demo/. It was trained on sums by a sloppy teacher who forgets
+each carry 70% of the time. So it knows how to carry but rarely does: it gets 0.35 of the held-out
+sums right. RL with a 0/1 reward for the exact sum teaches it to carry (0.9 or more).
 
 The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706). Each round:
-  1. sample G completions for each of P prompts with the current policy pi_theta. The policy as it
-     is now is the *behaviour policy* mu of these rollouts: store log mu(o_t) for every token o_t;
-  2. reward each completion (r), normalized in its group of G: A = (r - mean r) / (std r + 1e-4);
-  3. add the R = P x G rollouts to a FIFO buffer of capacity N (the oldest leave first);
-  4. take K optimizer steps, each on B rollouts drawn uniformly from the buffer (distinct within a
-     batch, not removed), so each rollout is used about y = K*B/R times (the replay ratio).
-By the time a rollout is replayed pi_theta has moved away from mu: truncated importance weights
-correct for it, per completion token, with the weight held constant (no gradient through it):
+  1. Sample G completions for each of P prompts with the current policy pi_theta. The policy as it
+     is now is the *behaviour policy* mu of these rollouts. Store log mu(o_t) for every token o_t.
+  2. Reward each completion (r), and normalize the rewards within each group of G:
+     A = (r - mean r) / (std r + 1e-4).
+  3. Add the R = P x G rollouts to a FIFO buffer of capacity N. The oldest leave first.
+  4. Take K optimizer steps, each on B rollouts drawn uniformly from the buffer. They are distinct
+     within a batch and are not removed. So each rollout is used about y = K*B/R times (the replay
+     ratio).
+By the time a rollout is replayed, pi_theta has moved away from mu. Truncated importance weights
+correct for this, per completion token. The weight is held constant (no gradient through it):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),
     L = - sum_t w_t A log pi_theta(o_t) / (the batch's completion tokens)
-On fresh data rho = 1 and this is the plain policy gradient.
+On fresh data rho = 1, and this is the plain policy gradient.
 
 Where this file departs from the paper (train.py offers each of the paper's choices as a flag):
-  - the loss: truncated IS (C = 2) here; the paper's clipped GRPO objective is train.py --loss ppo;
-  - the model: a tiny demo with LoRA adapters, AdamW at lr 1e-3; the paper fine-tuned Qwen3-0.6B
-    and larger in full, Adam at a constant lr of 3.37e-7, batches of 60, G = 16;
-  - synchronous rounds: generate, then train. The paper's workers generate while the trainer trains
-    (train.py --generators n, async_rl.py);
-  - log mu by a second, no-grad forward after generate (about a third of a round's cost here);
-    train.py records it while generate samples (rollout.BehaviourLogProbs), with no second forward.
+  - The loss. Here it is truncated IS (C = 2). The paper's clipped GRPO objective is train.py
+    --loss ppo.
+  - The model. Here it is a tiny demo with LoRA adapters, trained by AdamW at lr 1e-3. The paper
+    fine-tuned Qwen3-0.6B and larger in full, with Adam at a constant lr of 3.37e-7, batches of
+    60, G = 16.
+  - Synchronous rounds: generate, then train. In the paper, workers generate while the trainer
+    trains (train.py --generators n, async_rl.py).
+  - log mu comes from a second, no-grad forward after generate. Here that costs about a third of a
+    round. train.py records log mu while generate samples (rollout.BehaviourLogProbs), with no
+    second forward.
 Each piece below equals its counterpart in rollout.py, buffer.py or replay_rl.py on the same inputs
 (tests/test_minimal.py).
 """
@@ -42,14 +47,14 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-# peft 0.21 asks transformers 5 a deprecated question when it wraps the model: a notice, not ours
+# Silence a deprecation notice that peft 0.21 triggers in transformers 5 when it wraps the model
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo")
 P, G = 16, 8                # prompts per round x completions per prompt: R = 128 new rollouts
-N, B, K = 256, 256, 1       # buffer capacity; rollouts per step; steps per round: y = K*B/R = 2
+N, B, K = 256, 256, 1       # buffer capacity, rollouts per step, steps per round: y = K*B/R = 2
 C = 2.0                     # the cap of the importance weight
-T = 1.0                     # the sampling temperature: mu samples at T, the loss scores at T
+T = 1.0                     # the sampling temperature. mu samples at T, and the loss scores at T
 LR = 1e-3                   # AdamW, LoRA weights only
 ROUNDS, EVAL_EVERY = 100, 25
 MAX_NEW_TOKENS = 5          # a sum of two 2-digit numbers has at most 3 digits, then EOS
@@ -75,33 +80,33 @@ class Rollout:
     completion_ids: torch.Tensor    # [completion length], up to and including the first EOS
     behaviour_logp: torch.Tensor    # [completion length], log mu(o_t) at temperature T
     reward: float
-    advantage: float                # A, fixed when sampled: never recomputed on replay
-    policy_version: int             # the sampling policy's optimizer steps (skipped ones count)
-    temperature: float              # T it was sampled at: the loss must score it at the same T
+    advantage: float                # A, fixed when sampled and never recomputed on replay
+    policy_version: int             # optimizer steps taken before sampling, NaN/inf skips included
+    temperature: float              # the T it was sampled at. The loss must score it at the same T
     uses: int = 0                   # training batches it has been in
 
 
 # ---- what sampling uses: the group advantages, and two guards ----------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
-    """A = (r - mean r) / (std r + std_floor) within each group (a row of rewards [P, G]), with the
-    sample std; a group of equal rewards gets exactly 0 (it teaches nothing)."""
+    """A = (r - mean r) / (std r + std_floor) within each group, with the sample std. A group is a
+    row of rewards [P, G]. A group of equal rewards gets exactly 0, since it teaches nothing."""
     mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
     equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
     return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
 
 
 def refuse_training_mode(model) -> None:
-    """The model in training mode: refused. There dropout (nn.Dropout, and the rates layers pass
+    """Refuses a model in training mode. There dropout (nn.Dropout, and the rates that layers pass
     to F.dropout themselves) would make it sample, or score, another function than the one trained
-    on (rho != 1 on fresh data). model.eval() turns all of it off; gradients flow all the same."""
+    on (rho != 1 on fresh data). model.eval() turns all of it off. Gradients still flow."""
     if model.training:
         raise ValueError("the model is in training mode (dropout on): call model.eval()")
 
 
 def refuse_acting_settings(model) -> None:
-    """Refuses a model whose own generation_config holds a setting that acts whenever it is set
-    (generate would apply it, and log mu would not know): suppressed or forced tokens, banned
-    words, a sequence bias, a minimum length."""
+    """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
+    generate would apply it, and log mu would not know. These settings are suppressed or forced
+    tokens, banned words, a sequence bias, and a minimum length."""
     acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
                                 "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
                                 "min_length", "min_new_tokens", "min_p", "top_h",
@@ -116,19 +121,20 @@ def refuse_acting_settings(model) -> None:
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
                       max_new_tokens: int, temperature: float, policy_version: int):
-    """G samples of each prompt from softmax(z_t / T), T = temperature, as Rollouts with log mu and
-    A (reward_fn(prompt, completion) -> r); the mean reward. The model must be in eval mode (no
-    dropout: it samples the function it trains)."""
+    """Sample G completions of each prompt from softmax(z_t / T), T = temperature. Returns them as
+    Rollouts with log mu and A (reward_fn(prompt, completion) -> r), and the mean reward. The model
+    must be in eval mode, with no dropout, so that it samples the function it trains."""
     refuse_training_mode(model)
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
     eos = tokenizer.eos_token_id
-    # The common settings that change the distribution from softmax(z_t / T), each at its neutral
-    # value: generate fills any left unset from the model's own generation_config (an instruct
-    # model's repetition_penalty, top_k, top_p), then from its defaults (top_k 50), and log mu,
-    # taken from softmax(z_t / T) below, would be of another distribution than the one that drew
-    # the token. Those that act whenever set cannot be passed as off: refuse_acting_settings.
+    # Each common setting that changes the distribution away from softmax(z_t / T) is set to its
+    # neutral value here. generate would fill any setting left unset from the model's own
+    # generation_config (an instruct model's repetition_penalty, top_k, top_p), then from its
+    # defaults (top_k 50). log mu, taken from softmax(z_t / T) below, would then be of another
+    # distribution than the one that drew the token. Settings that act whenever they are set
+    # cannot be passed as off, so refuse_acting_settings refuses them.
     config = GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=0,
                               top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
                               repetition_penalty=1.0, no_repeat_ngram_size=0,
@@ -139,15 +145,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
     sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
     prompt_len = enc.input_ids.shape[1]
     completions = sequences[:, prompt_len:]
-    # A completion keeps its tokens up to and including its first EOS (all, if none): after it
-    # generate pads, with the pad id that may equal EOS, so the mask is by position, not by id.
+    # A completion keeps its tokens up to and including its first EOS, or all of them if it has
+    # none. After the EOS, generate pads with the pad id, which may equal EOS. So the mask is by
+    # position, not by id.
     is_eos = completions == eos
     length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
     mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
-    # log mu(o_t) = log softmax(z_t / T)[o_t], z_t the logits one position to the left of o_t.
-    # One forward more than generate ran (its cost: a training forward without the backward).
+    # log mu(o_t) = log softmax(z_t / T)[o_t], where z_t are the logits one position left of o_t.
+    # This is one forward more than generate ran. It costs a training forward without the backward.
     attention = torch.cat([enc.attention_mask, mask.long()], 1)
-    positions = (attention.cumsum(1) - 1).clamp(min=0)              # generate's, under left padding
+    positions = (attention.cumsum(1) - 1).clamp(min=0)              # as generate numbers them
     logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
     z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
     behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
@@ -168,10 +175,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
 
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
 class ReplayBuffer:
-    """Up to N rollouts, oldest first; adding past N evicts the oldest (FIFO). sample(B) draws B
-    distinct rollouts uniformly and leaves them in: each can be drawn again (replay). Here B = N:
-    once full, every step takes the whole buffer (the draw only orders it), this round's 128 and
-    the last round's; with B < N a step takes a random subset."""
+    """Up to N rollouts, oldest first. Adding past N evicts the oldest (FIFO). sample(B) draws B
+    distinct rollouts uniformly and leaves them in, so each can be drawn again (replay). Here
+    B = N. Once the buffer is full, every step takes all of it: this round's 128 and the last
+    round's. The draw only orders them. With B < N a step takes a random subset."""
 
     def __init__(self, capacity: int, seed: int):
         self.items = deque(maxlen=capacity)     # appending to a full deque drops its oldest
@@ -183,7 +190,7 @@ class ReplayBuffer:
         self.items.extend(rollouts)
 
     def sample(self, batch_size: int) -> list[Rollout]:
-        """B distinct rollouts, uniformly at random; their use counts raised; they stay."""
+        """Draw B distinct rollouts uniformly at random. Their use counts go up, and they stay."""
         sampled = self.rng.sample(list(self.items), batch_size)
         for rollout in sampled:
             rollout.uses += 1
@@ -192,10 +199,10 @@ class ReplayBuffer:
 
 # ---- 4. one optimizer step: collate, log pi_theta, the loss --------------------------------------
 def collate(rollouts: list[Rollout], pad_id: int) -> dict:
-    """One padded batch: prompts left-padded, completions right-padded, so every completion starts
-    at the same column:  [pad pad p p p | c c c EOS pad]
-    input_ids, attention_mask, position_ids [batch, prompt_len + max_len]; completion_mask and
-    behaviour_logp [batch, max_len]; advantage [batch]."""
+    """Pad rollouts into one batch. Prompts are left-padded and completions right-padded, so every
+    completion starts at the same column:  [pad pad p p p | c c c EOS pad]
+    Returns input_ids, attention_mask, position_ids: [batch, prompt_len + max_len].
+    completion_mask, behaviour_logp: [batch, max_len]. advantage: [batch]."""
     if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
         raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
@@ -224,10 +231,10 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
 
 
 def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
-    """log pi_theta(o_t | o_<t) at temperature T for every completion column: [batch, max_len],
-    with gradient. The logits at column j predict token j + 1, so the completion's tokens are
-    scored by the max_len columns to their left (the last column predicts nothing: not fed).
-    (replay_rl.completion_logp returns the same log-probs and, beside them, the entropy.)"""
+    """log pi_theta(o_t | o_<t) at temperature T for every completion column, with gradient:
+    [batch, max_len]. The logits at column j predict token j + 1. So the completion's tokens are
+    scored by the max_len columns to their left. The last column predicts nothing and is not fed.
+    replay_rl.completion_logp returns the same log-probs, and the entropy beside them."""
     refuse_training_mode(model)
     if cols["temperature"] != temperature:      # log pi_theta at another T than mu's: rho != 1
         raise ValueError(f"the rollouts were sampled at T = {cols['temperature']}, "
@@ -242,10 +249,10 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
 
 
 def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
-    """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), C = is_cap,
-    the weight w_t = min(rho_t, C) held constant; logp, behaviour_logp, mask [batch, max_len],
-    advantage [batch] (one per rollout: a [batch, 1] would broadcast to [batch, batch, max_len]).
-    Padding is selected away (torch.where), never multiplied by 0: NaN * 0 is NaN."""
+    """L = - sum_t min(rho_t, C) A log pi_theta(o_t) / (the batch's completion tokens), C = is_cap.
+    The weight w_t = min(rho_t, C) is held constant. logp, behaviour_logp, mask: [batch, max_len].
+    advantage: [batch], one per rollout. A [batch, 1] would broadcast to [batch, batch, max_len].
+    Padding is selected away (torch.where), never multiplied by 0, because NaN * 0 is NaN."""
     if advantage.shape != logp.shape[:1]:
         raise ValueError(f"advantage {list(advantage.shape)}: one per rollout, [batch]")
     real = mask > 0
@@ -261,9 +268,9 @@ def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
 
 def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: float,
            is_cap: float) -> dict:
-    """One step: the loss of the batch, backward, the gradient clipped at norm 1 (a guard against a
-    rare huge step, not part of the method), skipped if the loss or gradient is NaN/inf (it would
-    poison the weights and AdamW's moments for good)."""
+    """One step: the loss of the batch, backward, then the gradient clipped at norm 1. The clip is
+    a guard against a rare huge step, not part of the method. The step is skipped if the loss or
+    gradient is NaN/inf, which would poison the weights and AdamW's moments for good."""
     refuse_training_mode(model)
     cols = collate(rollouts, pad_id)
     loss, metrics = policy_loss(completion_logp(model, cols, temperature), cols["behaviour_logp"],
@@ -294,21 +301,21 @@ def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: in
 # ---- the loop -------------------------------------------------------------------------------
 def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int = 500,
          seed: int = 0, log=print) -> list[float]:
-    """Train the demo model; returns the held-out greedy accuracy before any step, every
-    eval_every rounds and at the end."""
+    """Train the demo model. Returns the held-out greedy accuracy before any step, every
+    eval_every rounds, and at the end."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     base = AutoModelForCausalLM.from_pretrained(MODEL)
-    # pi_theta: the base model with LoRA adapters on every linear layer, only those trained
+    # pi_theta: the base model with LoRA adapters on every linear layer. Only the adapters train.
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                             target_modules="all-linear", task_type="CAUSAL_LM"))
-    # The model is kept in eval mode throughout, training included: dropout off, so the function
-    # trained is the one that sampled (else rho != 1 even on fresh data). Gradients flow in eval
-    # mode all the same.
+    # The model stays in eval mode throughout, training included. Dropout is then off, so the
+    # function trained is the one that sampled (else rho != 1 even on fresh data). Gradients flow
+    # in eval mode all the same.
     model.eval()
-    # beta2 0.99: the second moment follows the gradient's scale within ~100 steps as the policy
-    # moves; no weight decay: it would pull the adapter back to the base model
+    # beta2 = 0.99, so the second moment follows the gradient's scale within ~100 steps as the
+    # policy moves. No weight decay, which would pull the adapter back to the base model.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer, step = ReplayBuffer(N, seed), 0
@@ -325,7 +332,7 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                 sampled = buffer.sample(B)
                 ages = [step - rollout.policy_version for rollout in sampled]
                 metrics = update(model, optimizer, sampled, tokenizer.pad_token_id, T, C)
-                step += 1                               # the policy's version: steps taken
+                step += 1                               # the version: steps taken, skipped too
         if round_ % 10 == 0 and step:
             log(f"round {round_}: reward {mean_reward:.2f}, is_ratio_mean "
                 f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
