@@ -8,20 +8,23 @@
         L     = - sum_t min(rho_t * A, clip(rho_t, 1 - epsilon, 1 + epsilon) * A)
     loss_type "asymre", asymmetric REINFORCE, no importance ratio at all:
         L     = - sum_t (r - (V - tau)) * log pi_theta(o_t)      V = the baseline, the group's mean
-        (policy_loss takes r and V as ``reward`` and ``baseline``: not the group-normalized A;
-        tau > 0 favours what went right over what went wrong)
-    normalization "token_mean": divide by the number of completion tokens in the batch;
+        policy_loss takes r and V as ``reward`` and ``baseline``, not the group-normalized A.
+        tau > 0 favours what went right over what went wrong.
+    normalization "token_mean": divide by the number of completion tokens in the batch.
                   "sequence_mean": average over tokens within a sequence, then over sequences.
-    beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them (pi_ref: the base model, its
-    adapter off).
-With rho = 1 (fresh, on-policy data) tis and ppo both reduce to the plain policy gradient
--A * grad log pi.   (o_t: the t-th completion token; the symbols are the README's table.)
+    beta > 0 adds beta * KL(pi_theta || pi_ref) to any of them. pi_ref is the base model, with its
+    adapter off.
+With rho = 1 (fresh, on-policy data), tis and ppo both reduce to the plain policy gradient
+-A * grad log pi. o_t is the t-th completion token. The symbols are those of the README's table.
 
-Read in this order: completion_logp (log pi_theta), policy_loss (the formulas above), update_step
-(one optimizer step: collate, batch_loss, backward, clip, step). Below them, marked, the guards
-each of them runs on its arguments. Needs torch and buffer.py (Rollout, collate), nothing else.
-The engineering that changes nothing of the method (micro-batches, processes, fp16, log-probs in
-chunks) is in infra/engineered_update.py; loading a model with LoRA, in infra/policy.py.
+Read in this order:
+  - completion_logp: log pi_theta.
+  - policy_loss: the formulas above.
+  - update_step: one optimizer step (collate, batch_loss, backward, clip, step).
+Below them, after a marker line, come the guards that each of them runs on its arguments. The
+module needs torch and buffer.py (Rollout, collate), nothing else. The engineering that changes
+nothing of the method (micro-batches, processes, fp16, log-probs in chunks) is in
+infra/engineered_update.py. Loading a model with LoRA is in infra/policy.py.
 """
 from __future__ import annotations
 
@@ -31,9 +34,9 @@ from buffer import Rollout, collate
 
 LOSS_TYPES = ("tis", "ppo", "asymre")
 NORMALIZATIONS = ("token_mean", "sequence_mean")
-# Below this sampling temperature mu is greedy in effect: at T = 0.01 a logit gap of 0.2 already
-# gives the sampled token a probability of 1 - 2e-9, so log mu = 0, rho = 1, and the loss and its
-# gradient vanish. completion_logp refuses it.
+# Below this sampling temperature, mu is greedy in effect. At T = 0.01 a logit gap of 0.2 already
+# gives the sampled token a probability of 1 - 2e-9. So log mu = 0, rho = 1, and the loss and its
+# gradient vanish. completion_logp refuses such a T.
 MIN_TEMPERATURE = 0.01
 
 
@@ -41,36 +44,38 @@ MIN_TEMPERATURE = 0.01
 def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
     """log pi_theta(o_t | o_<t) of every completion column, and the policy's entropy there.
 
-    cols from ``collate``: input_ids [batch, prompt_len + max_len], completion_mask [batch, max_len]
-    (max_len: the batch's longest completion). The logits at column j predict token j + 1, so the
-    completion tokens (columns prompt_len .. prompt_len + max_len - 1) are scored by the logits one
-    column to their left; only those max_len columns are computed. The logits z are divided by the
-    sampling temperature T, as they were when mu sampled (rollouts that record another T raise):
+    cols come from ``collate``: input_ids [batch, prompt_len + max_len] and completion_mask
+    [batch, max_len], where max_len is the batch's longest completion. The logits at column j
+    predict token j + 1. So the completion tokens (columns prompt_len .. prompt_len + max_len - 1)
+    are scored by the logits one column to their left. Only those max_len columns are computed.
+    The logits z are divided by the sampling temperature T, as they were when mu sampled. Rollouts
+    that record another T raise.
         log pi_theta(o_t) = log softmax(z_t / T)[o_t] = z_t[o_t] / T - log sum exp(z_t / T)
-    Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient). A
-    model in training mode with dropout on is refused (refuse_active_dropout): its log-probs would
-    be of another, random function than the one that sampled.
+    Returns logp [batch, max_len] (with gradient) and entropy [batch, max_len] (no gradient).
+    A model in training mode with dropout on is refused (refuse_active_dropout). Its log-probs
+    would be of another, random function than the one that sampled.
     `python train.py` (the demo) runs this function. For a real model's vocabulary (32,000 tokens
-    or more) train.py hands update_step another one (--logp-chunk, logp_fn): chunked_completion_logp
-    in infra/engineered_update.py. It gives these values (tested within 1e-5) without the
-    [batch, max_len, vocab] logits, which such a vocabulary makes gigabytes.
+    or more), train.py hands update_step another function (--logp-chunk, logp_fn):
+    chunked_completion_logp in infra/engineered_update.py. It gives these values (tested within
+    1e-5) without the [batch, max_len, vocab] logits. With such a vocabulary those logits take
+    gigabytes.
     """
     check_temperature(cols, temperature)
     check_layout(cols)
     refuse_active_dropout(model)
     max_len = cols["completion_mask"].shape[1]
-    # The last column is not fed: its logits would predict a token after the sequence, and under
+    # The last column is not fed. Its logits would predict a token after the sequence, and under
     # the causal mask no other column depends on it.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=max_len)
     z = out.logits.float()                                   # [batch, max_len, vocab]
-    scaled = z / temperature if temperature != 1.0 else z   # z / T (at T = 1 no copy: memory)
+    scaled = z / temperature if temperature != 1.0 else z   # z / T; no copy at T = 1 (memory)
     tokens = cols["input_ids"][:, -max_len:]
     log_sum_exp = torch.logsumexp(scaled, dim=-1)            # [batch, max_len]
     logp = scaled.gather(-1, tokens[..., None]).squeeze(-1) - log_sum_exp
     with torch.no_grad():
-        # H = log_sum_exp - sum over the vocabulary of softmax(z / T) * z / T, a batched dot
-        # product: no third [batch, max_len, vocab] tensor
+        # H = log_sum_exp - sum over the vocabulary of softmax(z / T) * z / T. A batched dot
+        # product computes it without a third [batch, max_len, vocab] tensor.
         entropy = log_sum_exp - torch.einsum("bcv,bcv->bc", torch.softmax(scaled, -1), scaled)
     return logp, entropy
 
@@ -82,26 +87,28 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 reward: torch.Tensor | None = None, baseline: torch.Tensor | None = None,
                 asymre_tau: float = 0.1, num_items_in_batch: int | None = None):
-    """The off-policy policy-gradient loss of the module docstring; returns (loss, metrics).
+    """The off-policy policy-gradient loss of the module docstring. Returns (loss, metrics).
 
-    logp, behaviour_logp, mask: [batch, max_len];  advantage A: [batch], one per rollout. asymre
+    logp, behaviour_logp, mask: [batch, max_len]. advantage A: [batch], one per rollout. asymre
     takes reward r and baseline V [batch] instead. is_cap = C, the cap of the importance sampling
-    ("is_") weight. log mu is data: it is detached here, so a behaviour_logp that still carries a
-    graph (a forward run without torch.no_grad) gets no gradient through the ratio.
-    beta > 0: + beta * KL to the reference log-probs ref_logp [batch, max_len], per token
-    kl_t = exp(d_t) - d_t - 1 with d_t = log pi_ref(o_t) - log pi_theta(o_t): GRPO's estimate of
-    KL(pi_theta || pi_ref), exact in expectation over tokens drawn from pi_theta. Here they were
-    drawn from mu (stale, on replay) and the term is not importance-weighted: an approximation.
-    Gradient accumulation: the mean of micro-batches' losses is not the batch's loss (token_mean
-    weighs every token alike, not every micro-batch). Pass each micro-batch num_items_in_batch,
-    the whole batch's tokens (token_mean) or rollouts (sequence_mean), and sum the losses."""
+    ("is_") weight. log mu is data, so it is detached here. A behaviour_logp that still carries a
+    graph (from a forward run without torch.no_grad) gets no gradient through the ratio.
+    beta > 0 adds beta * KL to the reference log-probs ref_logp [batch, max_len]. Per token,
+    kl_t = exp(d_t) - d_t - 1, with d_t = log pi_ref(o_t) - log pi_theta(o_t). This is GRPO's
+    estimate of KL(pi_theta || pi_ref). It is exact in expectation over tokens drawn from
+    pi_theta. Here the tokens were drawn from mu (stale, on replay), and the term is not
+    importance-weighted, so it is an approximation.
+    Gradient accumulation: the mean of the micro-batches' losses is not the batch's loss, because
+    token_mean weighs every token alike, not every micro-batch. Pass each micro-batch
+    num_items_in_batch, the whole batch's tokens (token_mean) or rollouts (sequence_mean), and sum
+    the losses."""
     if is_cap < 1 or not 0 < epsilon < 1 or beta < 0 or (beta > 0 and ref_logp is None):
         raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
                          f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
                          "one is out of range")
-    # what multiplies log pi_theta: A for tis and ppo, r - (V - tau) for asymre; [batch, 1]
+    # what multiplies log pi_theta, [batch, 1]: A for tis and ppo, r - (V - tau) for asymre
     term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)
-    real = mask > 0         # selects (torch.where), never multiplies: NaN * 0 at padding is NaN
+    real = mask > 0         # to select (torch.where), never to multiply: NaN * 0 is NaN
     logp = torch.where(real, logp, 0.0)
     behaviour_logp = torch.where(real, behaviour_logp.detach(), 0.0)
     log_rho = logp - behaviour_logp
@@ -123,10 +130,10 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
 
 def advantage_term(advantage, logp, loss_type: str, reward=None, baseline=None,
                    asymre_tau: float = 0.1):
-    """Each rollout's weight of the policy-gradient term, as [batch, 1]: the advantage A (tis,
-    ppo), or asymre's r - (V - tau), which is not the group-normalized A. Anything but one value
-    per rollout raises: a per-token [batch, max_len] would broadcast against logp to [batch, batch,
-    max_len] and give a wrong loss without an error."""
+    """Each rollout's weight of the policy-gradient term, as [batch, 1]. For tis and ppo it is
+    the advantage A. For asymre it is r - (V - tau), which is not the group-normalized A. Anything
+    but one value per rollout raises. A per-token [batch, max_len] would broadcast against logp to
+    [batch, batch, max_len] and give a wrong loss without an error."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
     if loss_type == "asymre":
@@ -147,13 +154,14 @@ def advantage_term(advantage, logp, loss_type: str, reward=None, baseline=None,
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token_mean",
                 num_items_in_batch: int | None = None) -> torch.Tensor:
     """The mean of x [batch, max_len] over the real tokens (mask 1).
-    token_mean: sum over every token of the batch / the batch's tokens. The tokens of rollouts with
-    A = 0 count in the denominator though they add nothing to the sum: when most of a batch's
-    groups are all-equal, the step is several times smaller than over the other tokens alone
-    (GRPO's convention; the lr absorbs it). sequence_mean: the mean within each sequence, then
-    over the sequences. num_items_in_batch: when x is one micro-batch of a larger batch, that
-    batch's tokens (token_mean) or sequences (sequence_mean), the divisor in place of this one's:
-    the micro-batches' results then add up to the batch's mean."""
+    token_mean: the sum over every token of the batch, divided by the batch's tokens. The tokens
+    of rollouts with A = 0 count in the denominator, though they add nothing to the sum. So when
+    most of a batch's groups are all-equal, the step is several times smaller than over the other
+    tokens alone. This is GRPO's convention, and the lr absorbs it.
+    sequence_mean: the mean within each sequence, then over the sequences.
+    num_items_in_batch: for x that is one micro-batch of a larger batch. It is that batch's tokens
+    (token_mean) or sequences (sequence_mean), and it replaces this micro-batch's own divisor.
+    The micro-batches' results then add up to the batch's mean."""
     x = torch.where(mask > 0, x, 0.0)       # not x * mask: a NaN or inf at padding would poison it
     if normalization == "token_mean":
         return x.sum() / (num_items_in_batch or mask.sum().clamp(min=1))
@@ -165,11 +173,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token
 @torch.no_grad()
 def loss_metrics(rho, log_rho, term, real, loss_type: str, is_cap: float, epsilon: float,
                  kl=None) -> dict:
-    """Figures of one loss over the real tokens (``real``: the mask as booleans), as 0-dim tensors
-    (reading one, float(), waits for a GPU: the caller decides when): is_ratio_mean / is_ratio_max
-    of rho; is_truncated_frac, the fraction of tokens whose weight was cut to the cap C (tis) or
-    whose clipped term was active (ppo); approx_kl = mean((rho - 1) - log rho), an unbiased
-    estimate of KL(mu || pi_theta); ref_kl, the KL term (with beta > 0)."""
+    """Figures of one loss over the real tokens (``real`` is the mask as booleans). They are 0-dim
+    tensors, because reading one with float() waits for a GPU. The caller decides when.
+      is_ratio_mean, is_ratio_max: of rho.
+      is_truncated_frac: the fraction of tokens whose weight was cut to the cap C (tis), or whose
+        clipped term was active (ppo).
+      approx_kl = mean((rho - 1) - log rho): an unbiased estimate of KL(mu || pi_theta).
+      ref_kl: the KL term (with beta > 0)."""
     rho = rho.detach()
     if loss_type == "tis":
         cut = rho > is_cap
@@ -191,10 +201,11 @@ def loss_metrics(rho, log_rho, term, real, loss_type: str, is_cap: float, epsilo
 # ---- one optimizer step -------------------------------------------------------------------------
 def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0, beta: float = 0.0,
                logp_fn=None, **loss_args):
-    """policy_loss of the model on collated rollouts: (loss, metrics, entropy [batch, max_len]).
-    The reference policy of the KL term (beta > 0) is the base model: the same weights, adapter off.
-    logp_fn: the function that gives (logp, entropy): completion_logp (None), or one with the same
-    arguments and values (infra/engineered_update.py's chunked_completion_logp)."""
+    """policy_loss of the model on collated rollouts. Returns (loss, metrics, entropy [batch,
+    max_len]). The reference policy of the KL term (beta > 0) is the base model: the same weights,
+    with the adapter off. logp_fn is the function that gives (logp, entropy). None means
+    completion_logp. Any other must take the same arguments and give the same values
+    (infra/engineered_update.py's chunked_completion_logp)."""
     if beta > 0 and not hasattr(model, "disable_adapter"):
         raise ValueError(f"beta {beta} > 0: the KL term's reference is the model with its adapter "
                          "off (disable_adapter), only a PEFT model has one; wrap it or pass beta 0")
@@ -213,15 +224,17 @@ def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0
 def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, current_version: int,
                 temperature: float = 1.0, beta: float = 0.0, max_grad_norm: float = 1.0,
                 logp_fn=None, **loss_args) -> dict:
-    """One optimizer step on a batch of rollouts: one forward over the batch at the sampling
-    temperature, the loss against the stored behaviour log-probs, backward, clip, step; a step
-    whose loss or gradient is NaN/inf is skipped (metrics["skipped"] = 1). The model must compute
-    the function that sampled: with dropout active in training mode completion_logp refuses (rho
-    != 1 even on fresh data). current_version: the policy's optimizer steps so far (each rollout's
-    age is current_version minus its own policy_version). loss_args: policy_loss's (loss_type,
-    is_cap, epsilon, normalization, asymre_tau); logp_fn: batch_loss's. train.py runs this step;
-    infra/engineered_update.py takes the same step in micro-batches, over processes or in fp16,
-    when a flag asks for one (tests keep them equal).
+    """One optimizer step on a batch of rollouts. It runs one forward over the batch at the
+    sampling temperature and takes the loss against the stored behaviour log-probs. Then it runs
+    backward, clips the gradient and steps. A step whose loss or gradient is NaN/inf is skipped
+    (metrics["skipped"] = 1). The model must compute the function that sampled. So with dropout
+    active in training mode, completion_logp refuses (rho != 1 even on fresh data).
+    current_version: the policy's optimizer steps so far, a skipped NaN/inf step included. Each
+    rollout's age is current_version minus its own policy_version.
+    loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau).
+    logp_fn: batch_loss's.
+    train.py runs this step. infra/engineered_update.py takes the same step in micro-batches, over
+    processes or in fp16, when a flag asks for one. Tests keep the two equal.
     """
     cols = collate(rollouts, pad_id, current_version, device=next(model.parameters()).device)
     loss, metrics, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
@@ -229,9 +242,9 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, curre
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    # the clip guards against a rare huge step (one batch of unlucky ratios); it is not the method
+    # The clip guards against a rare huge step (one batch of unlucky ratios). It is not the method.
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    # a NaN/inf step would poison the weights and AdamW's moments for good: skip it
+    # A NaN/inf step would poison the weights and AdamW's moments for good, so skip it.
     skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
     if not skipped:
         optimizer.step()
@@ -244,9 +257,9 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, curre
 
 # ---- the guards: each function above refuses, in one line, what would make it silently wrong ----
 def check_layout(cols: dict) -> None:
-    """Refuses, in one line, cols not laid out as ``collate``'s, which completion_logp reads:
-    input_ids, attention_mask, position_ids [batch, prompt_len + max_len] and completion_mask
-    [batch, max_len], the completions in the last max_len columns."""
+    """Refuses, in one line, cols that are not laid out as ``collate``'s, which completion_logp
+    reads. That layout is input_ids, attention_mask, position_ids [batch, prompt_len + max_len]
+    and completion_mask [batch, max_len], with the completions in the last max_len columns."""
     need = ("input_ids", "attention_mask", "position_ids", "completion_mask")
     shapes = {k: tuple(cols[k].shape) for k in need if torch.is_tensor(cols.get(k))}
     whole, completion = shapes.get("input_ids", ()), shapes.get("completion_mask", ())
@@ -258,8 +271,8 @@ def check_layout(cols: dict) -> None:
 
 
 def check_temperature(cols: dict, temperature: float) -> None:
-    """Refuses a T at which log pi_theta would not be comparable with the stored log mu: another T
-    than the rollouts' (collate records theirs in cols), or one too low to sample at all."""
+    """Refuses a T at which log pi_theta would not be comparable with the stored log mu. That is a
+    T other than the rollouts' (collate records theirs in cols), or one too low to sample at all."""
     if "temperature" not in cols:
         raise ValueError("cols has no 'temperature': collate records the T the rollouts were "
                          "sampled at, and log pi_theta must be taken at that T")
@@ -277,13 +290,17 @@ DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop", "jitter")
 
 
 def dropout_rates(model):
-    """Every rate of randomness the model applies in training mode only, as (where, owner,
-    attribute, rate): a torch.nn.Dropout's p; the float attributes that layers pass to F.dropout
-    themselves (attention_dropout in Llama/Qwen, OPT's dropout, layerdrop) and a mixture of
-    experts' router jitter (Mixtral's jitter_noise); and the rates that layers read from their
-    config during the forward (Falcon's hidden_dropout, GPT-Neo's attention_dropout), in every
-    config the model's modules hold (a model's text_config too). Found by name: a layer that adds
-    noise in training mode under another name is not."""
+    """Every rate of randomness that the model applies in training mode only, as (where, owner,
+    attribute, rate). There are three kinds:
+      - a torch.nn.Dropout's p;
+      - the float attributes that layers pass to F.dropout themselves (attention_dropout in
+        Llama/Qwen, OPT's dropout, layerdrop), and a mixture of experts' router jitter
+        (Mixtral's jitter_noise);
+      - the rates that layers read from their config during the forward (Falcon's hidden_dropout,
+        GPT-Neo's attention_dropout), in every config the model's modules hold, including a
+        model's text_config.
+    They are found by name. A layer that adds noise in training mode under another name is missed.
+    """
     configs = {}
     for name, module in model.named_modules():
         for attr, value in list(vars(module).items()):
@@ -304,10 +321,10 @@ def dropout_rates(model):
 
 
 def refuse_active_dropout(model) -> None:
-    """Refuses a model in training mode with a dropout (or router jitter) rate above 0
-    (dropout_rates): its forward would be random, another function than the one that sampled
+    """Refuses a model in training mode with a dropout (or router jitter) rate above 0, as found
+    by dropout_rates. Its forward would be random: another function than the one that sampled
     (rho != 1 on fresh data), or than the one a greedy eval should score. model.eval() turns every
-    one off; infra/policy.py's load_policy sets every rate to 0."""
+    such rate off. infra/policy.py's load_policy sets every rate to 0."""
     training = any(module.training for module in model.modules())
     for where, owner, attr, rate in dropout_rates(model):
         active = owner.training if isinstance(owner, torch.nn.Module) else training
