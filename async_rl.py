@@ -45,7 +45,7 @@ import math
 import rollout
 from buffer import Rollout
 from infra import report
-from infra.round_end import budget_spent, end_of_round, eval_due, evaluate
+from infra.round_end import budget_spent, end_of_round, eval_due, held_out_eval
 from infra.workers import Generators
 
 
@@ -58,7 +58,7 @@ def train_async(run, sample_batch, take_step) -> None:
     with Generators(run, worker_loop) as workers:   # the processes; all stopped on the way out
         workers.publish(run.model, state.step)      # the weights the first rounds sample with
         if state.first_accuracy is None:
-            evaluate(run)                           # step 0, while the workers load their models
+            held_out_eval(run)                      # step 0, while the workers load their models
         while not budget_spent(run) or workers.outstanding:     # rounds still to come
             order_rounds(run, workers)              # P prompts a round, while N has room
             arrived = None
@@ -76,7 +76,7 @@ def train_async(run, sample_batch, take_step) -> None:
                     break
             workers.account(state)                  # the time split, into the round's figures
             if eval_due(run):
-                evaluate(run)
+                held_out_eval(run)
             end_of_round(run)                       # the progress bar, a checkpoint when due
             if run.stop.requested():
                 return

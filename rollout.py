@@ -1,12 +1,16 @@
-"""Rollouts with Hugging Face ``generate``: G samples per prompt, their behaviour log-probs
+"""Rollouts with Hugging Face ``generate``: G samples per prompt, the behaviour log-probs
 log mu(o_t) recorded while sampling, rewards and group-normalized advantages.
 
-Read in this order: group_advantages, generate_rollouts, sample_completions and its recorder
-BehaviourLogProbs (log mu with no second forward). Below them, marked, the guards (what would
-make generate sample from another distribution than the recorded one), then the engineering that
-gives the same samples faster (each prompt prefilled once) and the greedy evals. Needs a causal LM,
-its tokenizer and a reward function ``reward_fn(prompt, completion) -> float``; of this project
-buffer.Rollout and replay_rl.refuse_active_dropout.
+Read in this order:
+  - group_advantages: A within each group of G.
+  - generate_rollouts: samples, rewards and advantages, as Rollouts.
+  - sample_completions and its recorder BehaviourLogProbs: log mu with no second forward.
+Below them come the guards, after a marker line. They refuse whatever would make generate sample
+from another distribution than the recorded one. Then comes the engineering that gives the same
+samples faster (each prompt prefilled once), and the greedy evals.
+The module needs a causal LM, its tokenizer and a reward function
+``reward_fn(prompt, completion) -> float``. Of this project it needs buffer.Rollout and
+replay_rl.refuse_active_dropout.
 """
 from __future__ import annotations
 
@@ -42,18 +46,20 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                       max_new_tokens: int, temperature: float = 1.0,
                       policy_version: int, fast=None,
                       shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
-    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now), as
-    Rollouts: per token log mu(o_t); per rollout the reward r and A, normalized in its group of G.
-    prompts: text as the model reads it, special tokens included (``check_bos``); reward_fn(prompt,
-    completion) gets it too. policy_version: the model's optimizer steps now (no default). G = 1:
-    A = 0 for all, and tis and ppo learn nothing (a round of equal-reward groups warns, once).
-    The model's own generation_config cannot change the sampling: its top_k, top_p, repetition
-    penalty and the like are overridden with their neutral values, and what acts whenever it is
-    set (suppressed tokens, ...) is refused; so is active dropout in training mode. Off by
-    default, the engineering that gives the same samples faster (train.py turns it on): fast,
-    infra/fast_decoding.py's FastDecoding (a static KV cache kept for the run on a GPU,
-    --fast-generation), and shared_prefill=True, each prompt prefilled once for its G samples
-    (prefill_once). Returns (rollouts, prompt-major; stats)."""
+    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
+    Returns (rollouts, stats): the Rollouts, prompt-major, and the round's figures. Each Rollout
+    carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
+    prompts: text as the model reads it, special tokens included (``check_bos``). reward_fn
+    (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
+    (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round of
+    equal-reward groups warns, once).
+    The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
+    penalty and the like are overridden with neutral values. A setting that acts whenever it is
+    set (suppressed tokens, ...) is refused. So is active dropout in training mode.
+    Engineering, off by default (train.py turns it on), gives the same samples faster:
+      - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
+        (--fast-generation);
+      - shared_prefill=True: each prompt prefilled once for its G samples (prefill_once)."""
     refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
@@ -94,15 +100,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
                        temperature: float, fast=None, shared_prefill: bool = False):
-    """G samples of each prompt (left-padded, so every completion starts at the same column), with
-    log mu of each sampled token recorded while sampling and mu's entropy there: the prompts' ids
-    (unpadded, one tensor each), (completions, token_logp, token_entropy) [P * G, max_len] on the
-    CPU, and the end token ids. Sampled from softmax(z_t / T) alone: every setting of generate
-    that would change it is passed at its plain value (PLAIN_SAMPLING), so the model's own
-    generation_config cannot fill it in; one that cannot be overridden is refused.
-    shared_prefill (train.py's, off by default here): the prompts' cache is built by
-    ``prefill_once`` (each prompt token through the model once), else by ``generate`` itself from
-    G copies of each prompt, the plain way; the same distribution, the same tokens (tested).
+    """G samples of each prompt, with log mu of each sampled token and mu's entropy there, both
+    recorded while sampling. Prompts are left-padded, so every completion starts at the same
+    column. Returns the prompts' ids (unpadded, one tensor each); completions, token_logp and
+    token_entropy, each [P * G, max_len] on the CPU; and the end token ids.
+    The tokens are drawn from softmax(z_t / T) alone. Every setting of generate that would change
+    that distribution is passed at its plain value (PLAIN_SAMPLING), so the model's own
+    generation_config cannot fill it in. A setting that cannot be overridden is refused.
+    shared_prefill (off by default here; train.py turns it on): ``prefill_once`` builds the
+    prompts' cache, each prompt token through the model once. Otherwise ``generate`` builds it
+    from G copies of each prompt, the plain way. Both give the same tokens (tested).
     """
     check_bos(tokenizer, prompts)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
@@ -136,35 +143,32 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
 
 class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) = log softmax(z_t / T)[o_t] of every sampled token while ``generate``
-    runs, with no second forward: z_t the logits that drew o_t, T the temperature, the same
-    distribution the loss evaluates. Memory O(batch * vocab), not O(batch * max_len * vocab).
+    runs, with no second forward. z_t are the logits that drew o_t and T is the temperature: the
+    same distribution the loss evaluates. Memory O(batch * vocab), not O(batch * max_len * vocab).
 
-    How: ``generate`` runs its logits processors in order, once per new token t, then draws o_t
-    from the last one's output. It puts one passed in ``logits_processor`` (this one) after its
-    penalties and before its warpers (the temperature, top-k, ...: transformers 5.x,
-    GenerationMixin._get_logits_processor); so this processor sees z_t [batch, vocab] before the
-    temperature (it divides by T itself), and with every penalty and warper off (the guards) the
-    distribution drawn from is softmax(z_t / T), the one recorded. That order is not trusted:
-    check_processors reads the list at the first call and refuses any other.
-    Use it through sample_completions, which gives ``generate`` the generation_config the
-    recorder was made with. A generate call without that config decodes greedily (do_sample
-    unset), and greedy tokens are not draws from the recorded softmax: check_processors refuses
-    a decoding loop that does not sample.
-    o_t is drawn only after the processors ran, so its log mu is gathered one call later:
+    How it works. ``generate`` runs its logits processors in order, once per new token, then
+    draws the token from the last one's output. It puts a processor passed in
+    ``logits_processor`` (this one) after its penalties and before its warpers (temperature,
+    top-k and the like; transformers 5.x). So this processor sees the raw logits z_t
+    [batch, vocab] and divides by T itself. With every penalty and warper off, generate draws
+    from softmax(z_t / T), the distribution recorded.
+
+    The token o_t is drawn only after the processors ran, so its log mu is gathered one call
+    later:
         call 1:  scores z_1                     keep log softmax(z_1 / T)      generate draws o_1
         call 2:  input_ids end with o_1         gather log mu(o_1) from it;
                  scores z_2                     keep log softmax(z_2 / T)      generate draws o_2
         ...
         finish(completions): the last token's log mu, from the last call's log-softmax
-    One recorder per generate call, sampling only.
+    Make one recorder per generate call. Use it through sample_completions, which gives
+    ``generate`` the generation_config the recorder was made with.
 
-    Guards (below, in "the guards"): made with the generation_config that ``generate`` will be
-    given, it refuses whatever there or in the model's own config would sample from another
-    distribution (``sampling_changes``: top_k unset or not 0, top_p < 1, a repetition penalty,
-    ...); at its first call it refuses a sampling keyword given to ``generate`` itself
-    (``check_processors``, which reads the processors generate built from the list that calls
-    this one, found on the call stack: ``temperature=0.5``, ``top_k=5``); ``finish`` refuses
-    completions whose tokens are not those it gathered (beam search reorders rows between calls).
+    Guards (in "the guards" below). At construction it refuses a generation_config, or a model's
+    own config, that would sample from another distribution (``sampling_changes``: top_k not 0,
+    top_p < 1, a repetition penalty, ...). At its first call, ``check_caller`` refuses a generate
+    call that decodes greedily (no config given) or adds a sampling keyword of its own
+    (``temperature=0.5``, ``top_k=5``). ``finish`` refuses completions whose tokens are not those
+    it gathered (beam search reorders rows between calls).
     Engineering: on MPS, transformers runs one decode step more than it returns, so as not to
     wait on the device; ``finish`` drops that step.
     """
@@ -184,11 +188,8 @@ class BehaviourLogProbs(LogitsProcessor):
         if self.finished:
             raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
                                "generate call")
-        if self.prev_logp is None:                  # the first call: generate's processors,
-            # read from the LogitsProcessorList that calls this one (its __call__'s self), and
-            # whether the decoding loop that calls that list samples (generate's _sample)
-            check_processors(sys._getframe(1).f_locals.get("self"), self, input_ids.shape[1],
-                             sys._getframe(2).f_locals.get("do_sample"))
+        if self.prev_logp is None:                  # the first call: the guard (below)
+            check_caller(self, input_ids.shape[1])
         self._gather_prev(input_ids[:, -1])         # log mu of the token the last call drew
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
@@ -283,6 +284,22 @@ def refuse_sampling_changes(model, generation_config: GenerationConfig) -> None:
                "the distribution recorded as log mu")
         raise ValueError(f"{why}: {changes} (in the generation config or the model's): pass "
                          "rollout.PLAIN_SAMPLING's values, unset the others")
+
+
+def check_caller(recorder: BehaviourLogProbs, length: int) -> None:
+    """The recorder's guard, run at its first call (length: the tokens of input_ids then).
+    generate does not tell a logits processor what else it runs or whether it samples. So this
+    guard reads them from generate's own frames on the call stack: the LogitsProcessorList that
+    calls the recorder (its __call__'s self) and the decoding loop that calls that list
+    (generate's _sample, its do_sample). check_processors then refuses what would not draw from
+    the recorded softmax(z_t / T). This relies on transformers 5.x's private call structure;
+    tests/test_traps.py checks it against the installed transformers. A recorder called some
+    other way (directly, not from generate) is not checked."""
+    recorder_call = sys._getframe(1)        # BehaviourLogProbs.__call__
+    processors = recorder_call.f_back.f_locals.get("self")      # LogitsProcessorList.__call__
+    decoding_loop = recorder_call.f_back.f_back                  # generate's _sample
+    check_processors(processors, recorder, length,
+                     decoding_loop.f_locals.get("do_sample") if decoding_loop else None)
 
 
 def check_processors(processors, recorder: BehaviourLogProbs, length: int,

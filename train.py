@@ -1,15 +1,21 @@
 """RL post-training with experience replay, in one loop.
 
-    python train.py                      # the embedded demo: tiny model, 2-digit addition, CPU
-    python train.py --generators 1       # the same with a generation worker process (async)
-    python train.py --help               # every knob, with its meaning
+    python train.py                      # the demo: a tiny model learns 2-digit sums on a CPU
+    python train.py --generators 1       # the same with one generation worker process (async)
+    python train.py --help               # every flag, with its meaning
 
-Each round: sample P x G rollouts with the current policy, add them to a FIFO buffer of N, then,
-once it holds B, take K optimizer steps (replay_rl.update_step), each on B rollouts drawn uniformly
-from the buffer. Replay ratio K*B/R, R the rollouts stored a round (mean uses of a rollout);
-staleness horizon N/R rounds. On-policy: N = R = B, K = 1. --generators: async_rl.py's loop. The
-machinery sits in infra/, behind a few named calls: the command line, loading (infra/policy.py:
-the model with LoRA), checkpoints, stopping, the run folder, processes, reports.
+Each round samples P prompts and G completions of each with the current policy. It adds these
+P x G rollouts to a FIFO buffer of N. Once the buffer holds B, the round takes K optimizer steps
+(replay_rl.update_step). Each step trains on B rollouts drawn uniformly from the buffer.
+R is the number of rollouts stored a round. The replay ratio K*B/R is how often a rollout is used
+on average. The staleness horizon N/R is how many rounds a rollout stays. On-policy is N = R = B,
+K = 1.
+
+Read in this order: Run (what the loop works on), main, train (the loop), then the helpers the
+loop calls, each by name. setup() and Config (one field per flag) come last. With --generators,
+train_with_workers() runs async_rl.py's loop instead. The machinery is in infra/: the command
+line, loading the model with LoRA, checkpoints, stopping, the run folder, worker processes and
+reports.
 """
 from __future__ import annotations
 
@@ -32,9 +38,31 @@ from buffer import ReplayBufferWithVariants
 from infra import checkpoint, cli, distributed, engineered_update, loading, report, runfolder
 from infra import stopping
 from infra.checkpoint import LoopState      # the loop's counters, kept by a checkpoint
-from infra.round_end import budget_spent, end_of_round, eval_due, evaluate, finish, save
+from infra.round_end import budget_spent, end_of_round, eval_due, finish, held_out_eval, save
 from infra.shared_prefix import shared_prefix_logp
+import replay_rl
 from replay_rl import LOSS_TYPES, NORMALIZATIONS
+
+@dataclass
+class Run:
+    """What the loop works on, in one place (setup() makes it)."""
+    cfg: Config
+    task: tasks.Task
+    model: object                   # the PEFT model
+    tokenizer: object
+    reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
+    optimizer: torch.optim.Optimizer
+    buffer: ReplayBufferWithVariants    # this process's shard of the buffer
+    rng: random.Random              # the prompt stream (the same in every process)
+    out: str                        # the run folder
+    state: LoopState                # the loop's counters: round, step (the version), tokens...
+    report: report.Report           # metrics.jsonl, the progress bar, curves.png
+    stop: stopping.StopRequest      # a first Ctrl-C / SIGTERM: the round under way is cut short
+    fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
+    # set while the run goes on:
+    pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
+    saved: dict | None = None       # the loop state the last checkpoint of this process holds
+
 
 def parse_config(argv=None) -> Config:
     """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint)."""
@@ -42,56 +70,70 @@ def parse_config(argv=None) -> Config:
 
 
 def main(argv=None) -> dict:
-    """python train.py [flags]: the config, the task, then the loop; every way out one line
-    (stopping.main: Ctrl-C saves, then exits; twice: exits at once, naming how the run goes on)."""
-    return stopping.main(Config, train, argv, __doc__)
+    """python train.py [flags]. stopping.main (infra/stopping.py) is the frame around the loop. It
+    parses the flags into a Config, checked before anything loads; 0 for --max-rounds becomes the
+    task's own. It loads the task and, with --resume, the checkpoint (saved). It makes the
+    StopRequest (stop): from then on a first Ctrl-C saves the run and exits, a second exits at
+    once. Then it calls train(), or with --generators train_with_workers()."""
+    def loop(cfg: Config, task: tasks.Task, stop: stopping.StopRequest, saved) -> dict:
+        return (train_with_workers if cfg.generators else train)(cfg, task, stop, saved)
+    return stopping.main(Config, loop, argv, __doc__)
 
 
 # ---- the loop -------------------------------------------------------------------------------
 def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
-    """The loop of the README: each round generate, add to the buffer, K updates once it holds B
-    (with S: S new ones), eval when due; a checkpoint when due. Any ending (the first Ctrl-C, an
-    error) saves the run as the round under way began, and --resume does that round again
-    (stopping.py). --generators: async_rl.py's loop instead."""
+    """The loop of the README. Each round: generate, add to the buffer, and once it holds B (with
+    S: S new ones) take K updates; an eval when due, a checkpoint when due.
+    task: the --task's prompts and reward. saved: the checkpoint --resume names, or None.
+    stop: the signal handler. Any ending (the first Ctrl-C, an error) saves the run as the round
+    under way began, and --resume does that round again (infra/stopping.py)."""
     run = setup(cfg, task, saved, stop)
-    state, K, B = run.state, cfg.updates_per_round, cfg.batch_size
-    # what this process holds and samples of B and S: all, alone; under torchrun, B/W and S/W
-    my_B, my_S = distributed.share_size(B), distributed.share_size(cfg.new_per_update)
-    # replay_rl.update_step, unless --micro-batch-size, float16 or torchrun ask for the engineered
-    # step (infra/engineered_update.py: the same step, tested equal)
-    update_step = engineered_update.update_step_for(cfg, state.world_size)
+    state, K = run.state, cfg.updates_per_round
+    # B and S as this process holds them: all of them when it runs alone; under torchrun, with W
+    # processes, its share, B/W and S/W
+    B, S = distributed.share_size(cfg.batch_size), distributed.share_size(cfg.new_per_update)
+    update = replay_rl.update_step          # the step a reader studies
+    if engineered_update.needed(cfg, state.world_size):     # --micro-batch-size, float16, torchrun
+        update = engineered_update.update_step_for(cfg, state.world_size)    # the same step
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
-        if cfg.generators:                  # the paper's async system: worker processes
-            async_rl.train_async(run, sample_batch, functools.partial(take_step, update_step))
-            stop_if_asked(run)
-            return finish(run)
         if state.first_accuracy is None:
             with stop.round(run, "the first eval"):
-                evaluate(run)               # step 0: before any update
+                held_out_eval(run)          # step 0: before any update
         while not budget_spent(run):
             with stop.round(run):           # a stop in it: saved as it began, done again on resume
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
                 rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
-                add_to_buffer(run, rollouts, gen, my_B, my_S)   # FIFO, N; with S, see its doc
-                if holds(run, my_B, my_S):                      # B held (with S: S new ones)
+                add_to_buffer(run, rollouts, gen, B, S)     # FIFO, N; with S, see its doc
+                if holds(run, B, S):                        # B held (with S: S new ones)
                     for k in range(K):
-                        batch = sample_batch(run, my_B)     # B, uniformly; None: too few left
+                        batch = sample_batch(run, B)        # B, uniformly; None: too few left
                         if batch is None:                   # (--no-reuse, --max-age): the rest
                             state.lapsed_updates += K - k   # lapse, counted
                             break
                         with report.timed(state, "train"):
-                            metrics = update_step(run.model, run.optimizer, batch,
-                                                  **step_args(run))
-                        record_step(run, metrics, B)        # state.step (the version) + 1
+                            metrics = update(run.model, run.optimizer, batch, **step_args(run))
+                        record_step(run, metrics, cfg.batch_size)   # state.step (the version) + 1
                 else:
                     record_idle_round(run)
                 if eval_due(run):
-                    evaluate(run)
+                    held_out_eval(run)
             end_of_round(run)               # the progress bar, a checkpoint when due
             stop_if_asked(run)              # a stop between rounds: saved here
         return finish(run)                  # the last eval and checkpoint, the adapter
+
+
+def train_with_workers(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
+                       saved: checkpoint.Checkpoint | None = None) -> dict:
+    """--generators: the paper's asynchronous system (async_rl.train_async). Worker processes
+    generate the rounds; this process stores them and takes the steps, with train()'s helpers."""
+    run = setup(cfg, task, saved, stop)
+    update = engineered_update.update_step_for(cfg, run.state.world_size)
+    with stop.keeping(run, save):
+        async_rl.train_async(run, sample_batch, functools.partial(take_step, update))
+        stop_if_asked(run)
+        return finish(run)
 
 
 def draw_prompts(run: Run) -> list[str]:
@@ -118,40 +160,42 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
 
 
 def training_mode(run: Run) -> None:
-    """The mode the steps run in: eval, as minimal.py's (no dropout: the trained function is the
-    one that sampled), but training mode where --gradient-checkpointing needs it (transformers
-    checkpoints only in training mode; load_policy set every dropout rate to 0, and update_step
-    refuses one that is not)."""
+    """The mode the steps run in. Eval mode, as minimal.py's: no dropout, so the trained function
+    is the one that sampled. Training mode only where --gradient-checkpointing needs it
+    (transformers checkpoints only in training mode). load_policy set every dropout rate to 0,
+    and update_step refuses one that is not."""
     run.model.train(run.cfg.gradient_checkpointing)
 
 
-def add_to_buffer(run: Run, rollouts: list, gen: dict, my_B: int, my_S: int) -> None:
+def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
     """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
-    default) all of them. With S > 0, no more than the S new ones that make the updates due, or
-    than the buffer lacks of the B it must hold, whichever is more (the rest of the round is
-    dropped, counted). my_B, my_S: this process's share of B and S (all of them, alone)."""
+    default) all of them. With S > 0 only as many as the loop needs: enough new ones to make S,
+    or enough to fill the buffer up to B, whichever is more. The rest of the round is dropped and
+    counted. B, S: this process's share (all of them when it runs alone)."""
     state = run.state
-    if my_S == 0:
+    if S == 0:
         limit = None                                            # every rollout
     else:
-        limit = max(my_S - fresh(run), must_hold(run, my_B) - len(run.buffer))
+        new_still_needed = S - fresh(run)
+        to_fill_the_buffer = must_hold(run, B) - len(run.buffer)
+        limit = max(new_still_needed, to_fill_the_buffer)
     stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
 
 
-def holds(run: Run, my_B: int, my_S: int) -> bool:
+def holds(run: Run, B: int, S: int) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
     --learning-starts if more) and, with S, S rollouts of the current policy; in every process."""
-    due = len(run.buffer) >= must_hold(run, my_B) and fresh(run) >= my_S
+    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= S
     return distributed.every_rank(due)
 
 
-def must_hold(run: Run, my_B: int) -> int:
+def must_hold(run: Run, B: int) -> int:
     """B, or before the first update --learning-starts if more (this process's share)."""
     first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
-    return max(my_B, first)
+    return max(B, first)
 
 
 def fresh(run: Run) -> int:
@@ -159,16 +203,16 @@ def fresh(run: Run) -> int:
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
 
-def sample_batch(run: Run, my_B: int, max_uses: int | None = None) -> list | None:
+def sample_batch(run: Run, B: int, max_uses: int | None = None) -> list | None:
     """B rollouts sampled uniformly from the buffer (this process's share), their uses counted, or
     None: too few are left (used once with --no-reuse, or older than --max-age), in any process.
     max_uses (async_rl.py's, with --step-when-held): a rollout used that often leaves, counted."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    if not distributed.every_rank(len(run.buffer) >= my_B):
+    if not distributed.every_rank(len(run.buffer) >= B):
         return None
     held = len(run.buffer)
-    sampled = run.buffer.sample(my_B, remove=not cfg.reuse, max_uses=max_uses,
+    sampled = run.buffer.sample(B, remove=not cfg.reuse, max_uses=max_uses,
                                 current_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if max_uses else 0
     return sampled
@@ -184,8 +228,8 @@ def step_args(run: Run) -> dict:
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, asymre_tau=cfg.asymre_tau,
-                logp_fn=(shared_prefix_logp if cfg.shared_prefix
-                         else engineered_update.logp_fn(cfg.logp_chunk)))
+                logp_fn=(functools.partial(shared_prefix_logp, chunk=cfg.logp_chunk)
+                         if cfg.shared_prefix else engineered_update.logp_fn(cfg.logp_chunk)))
 
 
 def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
@@ -243,22 +287,21 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
         distributed.share_size(cfg.buffer_size), seed=cfg.seed + rank, max_age=cfg.max_age or None,
         keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage,
         loss_type=cfg.loss, beta=cfg.beta)
-    state = LoopState(world_size=world,
-                      next_eval_tokens=cli.next_eval_tokens(cfg, 0))
     reward_fn = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
-    run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, random.Random(cfg.seed),
-              out, state)
     report.start(cfg, task, world)
-    if cfg.fast_generation:
-        run.fast = loading.fast_decoding(cfg, model, tokenizer, task, device)
+    fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
+        else None
+    state = LoopState(world_size=world, next_eval_tokens=cli.next_eval_tokens(cfg, 0))
+    rng = random.Random(cfg.seed)
     if saved is not None:       # continue: the weights, optimizer, buffer, RNG streams, loop state
-        checkpoint.restore(saved, model=model, optimizer=optimizer, buffer=buffer, rng=run.rng)
-        run.state = LoopState(**saved.state)
-        checkpoint.drop_after(out, run.state.round)
-        report.resumed(cfg, run.state, saved.config)
-    run.report = report.Report(out, cfg, run.state, resumed=saved is not None)
+        checkpoint.restore(saved, model=model, optimizer=optimizer, buffer=buffer, rng=rng)
+        state = LoopState(**saved.state)
+        checkpoint.drop_after(out, state.round)
+        report.resumed(cfg, state, saved.config)
+    run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, rng, out, state,
+              report=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
+              fast=fast)
     training_mode(run)
-    run.stop = stop
     stop.watch(run)
     return run
 
@@ -357,8 +400,8 @@ class Config:
         "Llama/Qwen); 0: off, completion_logp itself; -1: 256 for a vocabulary of 32,000 tokens "
         "or more, else off (the demo's 20 tokens: off)")
     shared_prefix: bool = opt(False, "the update runs each distinct prompt of a batch once "
-        "(infra/shared_prefix.py: the same log-probs, fewer token columns); it replaces "
-        "--logp-chunk: the batch's logits are made whole")
+        "(infra/shared_prefix.py: the same log-probs, fewer token columns); with --logp-chunk "
+        "(a large vocabulary's default) its head then runs in chunks too")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
         "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
@@ -397,26 +440,6 @@ class Config:
     @property
     def rollouts_per_round(self) -> int:
         return self.prompts_per_round * self.num_generations
-
-
-@dataclass
-class Run:
-    """What the loop works on, in one place."""
-    cfg: Config
-    task: tasks.Task
-    model: object                   # the PEFT model
-    tokenizer: object
-    reward_fn: loading.CheckedReward    # the task's reward function, checked; counts errors
-    optimizer: torch.optim.Optimizer
-    buffer: ReplayBufferWithVariants    # this process's shard
-    rng: random.Random              # the prompt stream (the same in every process)
-    out: str                        # the run folder
-    state: LoopState
-    report: report.Report | None = None
-    fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
-    stop: stopping.StopRequest | None = None   # a first Ctrl-C / SIGTERM cuts the round short
-    pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
-    saved: dict | None = None       # the loop state the last checkpoint of this process holds
 
 
 if __name__ == "__main__":

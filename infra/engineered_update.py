@@ -38,12 +38,19 @@ PLAIN_HEAD_MODELS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_m
                      "olmo2", "smollm3")
 
 
+def needed(cfg, world_size: int = 1) -> bool:
+    """Whether a run needs update_step_engineered: micro-batches smaller than B, float16 base
+    weights, or several processes (torchrun)."""
+    return (0 < cfg.micro_batch_size < cfg.batch_size or cfg.dtype == "float16"
+            or world_size > 1)
+
+
 def update_step_for(cfg, world_size: int = 1):
     """The step train.py takes, called as replay_rl.update_step is (the same arguments):
-    update_step itself unless the run needs the engineering (micro-batches, float16, several
-    processes); then update_step_engineered with those settings bound."""
+    update_step itself unless the run needs the engineering (``needed``); then
+    update_step_engineered with those settings bound."""
     micro = cfg.micro_batch_size if 0 < cfg.micro_batch_size < cfg.batch_size else 0
-    if not (micro or cfg.dtype == "float16" or world_size > 1):
+    if not needed(cfg, world_size):
         return replay_rl.update_step
     return functools.partial(update_step_engineered, micro_batch_size=micro,
                              loss_scale=FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)

@@ -10,7 +10,7 @@ import rollout
 from infra import checkpoint, cli, distributed, loading, report, runfolder
 
 
-def evaluate(run) -> float:
+def held_out_eval(run) -> float:
     """Greedy accuracy on the held-out prompts (each process scores its share); an eval line; the
     next eval's token count (--eval-every-tokens, --eval-at-tokens)."""
     state, task = run.state, run.task
@@ -71,7 +71,7 @@ def finish(run) -> dict:
     state = run.state
     if state.last_eval_round != state.round:
         with run.stop.round(run, "the last eval"):  # a stop in it: done again on resume
-            evaluate(run)
+            held_out_eval(run)
     adapter = os.path.join(run.out, "adapter")
     checkpoint.save_adapter(run.model, adapter)
     try:
