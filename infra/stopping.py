@@ -458,8 +458,9 @@ def dying_with_trainer(ctx):
     """Linux: the workers' interpreter started through a launcher that asks for SIGKILL when the
     trainer dies (PR_SET_PDEATHSIG, kept across exec) before Python imports anything, so a worker
     still importing torch dies with the trainer too (worker_main asks again, for other systems'
-    sake checks its parent while it waits). Returns what undoes it once the workers are gone
-    (spawn's interpreter is a setting of the whole process)."""
+    sake checks its parent while it waits). Returns the launcher's folder ("" where there is none)
+    and what undoes it once the workers are gone (spawn's interpreter is a setting of the whole
+    process)."""
     import multiprocessing.spawn
 
     if sys.platform.startswith("linux"):
@@ -469,7 +470,7 @@ def dying_with_trainer(ctx):
     if not folder or os.statvfs(folder).f_flag & os.ST_NOEXEC:   # worker_main asks itself
         if folder:
             os.rmdir(folder)
-        return lambda: None
+        return "", lambda: None
     path, executable = os.path.join(folder, "worker-python"), multiprocessing.spawn.get_executable()
     with open(path, "w") as f:
         f.write(f"#!{sys.executable} -S\n" + LAUNCHER)
@@ -480,7 +481,60 @@ def dying_with_trainer(ctx):
     def undo():
         multiprocessing.spawn.set_executable(os.fsdecode(executable))
         shutil.rmtree(folder, ignore_errors=True)
-    return undo
+    return folder, undo
+
+
+SEMAPHORES = "semaphores"       # in the launcher folder: the names of the workers' semaphores
+
+
+def note_semaphores(folder: str, *objects) -> list[str]:
+    """Writes into the launcher folder the names of the named semaphores (/dev/shm/sem.mp-*)
+    behind ``objects``: the queues, locks and shared values the trainer made for its workers.
+    multiprocessing's resource tracker unlinks them when the trainer ends, even by SIGKILL; but a
+    SIGKILL to the whole process group (systemd, Slurm, docker kill) kills the tracker too. The
+    next trainer that starts workers then unlinks them (remove_launchers_left). Returns the
+    names; writes nothing without a folder (not Linux, or a temporary directory mounted noexec)."""
+    from multiprocessing.synchronize import SemLock
+    names, seen = [], set()
+
+    def walk(obj, depth: int) -> None:
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, SemLock):
+            if getattr(obj._semlock, "name", None):
+                names.append(obj._semlock.name)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for item in vars(obj).values():
+                walk(item, depth + 1)
+    for obj in objects:
+        walk(obj, 0)
+    if folder:
+        with open(os.path.join(folder, SEMAPHORES), "w") as f:
+            f.write("".join(name + "\n" for name in names))
+    return names
+
+
+def unlink_semaphores(folder: str) -> int:
+    """Unlinks the named semaphores a dead trainer's launcher folder lists (note_semaphores);
+    returns how many were still there."""
+    import _multiprocessing
+    try:
+        with open(os.path.join(folder, SEMAPHORES)) as f:
+            names = f.read().split()
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        try:
+            _multiprocessing.sem_unlink(name)
+            removed += 1
+        except OSError:             # unlinked already: the resource tracker outlived the trainer
+            pass
+    return removed
 
 
 def remove_launchers_left() -> list[str]:
@@ -488,16 +542,19 @@ def remove_launchers_left() -> list[str]:
     killed with SIGKILL, or one that failed while its workers started, could not remove its own.
     Says how many, if any. Returns their paths."""
     import glob
-    left = []
+    left, semaphores = [], 0
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), "replay-rl-*-*")):
         pid = os.path.basename(folder).split("-")[2]
         if not pid.isdigit() or alive(int(pid)) or not os.path.isdir(folder):
             continue
+        semaphores += unlink_semaphores(folder)
         shutil.rmtree(folder, ignore_errors=True)
         left.append(folder)
     if left:
-        say(f"removed {len(left)} launcher folder(s) of trainers that ended without removing "
-            f"them (killed): {', '.join(left)}")
+        also = (f" and {semaphores} semaphore(s) in /dev/shm their resource tracker, killed with "
+                "them, had left" if semaphores else "")
+        say(f"removed {len(left)} launcher folder(s){also} of trainers that ended without "
+            f"removing them (killed): {', '.join(left)}")
     return left
 
 

@@ -57,7 +57,7 @@ class Generators:
         ctx = multiprocessing.get_context("spawn")      # a fresh interpreter: no handler, no lock
         self.weights = shared_weights(trainable(self.run.model))
         stopping.quiet_resource_tracker()       # before the launcher: it outlives a killed trainer
-        self.undo_launcher = stopping.dying_with_trainer(ctx)
+        launcher, self.undo_launcher = stopping.dying_with_trainer(ctx)
         self.version = ctx.Value("q", -1)               # the published weights' policy_version
         self.trainer_step = ctx.Value("q", 0)
         self.lock = ctx.Lock()
@@ -66,6 +66,8 @@ class Generators:
         self.starting = [(None, time.monotonic())] * self.n_workers     # (CPU ticks, seen when)
         self.oom_kills = stopping.oom_kills()           # the OOM killer's count so far
         self.paused_seconds = ctx.Value("d", 0.0)       # evals so far: off the workers' clocks
+        stopping.note_semaphores(launcher, self.version, self.trainer_step, self.lock,
+                                 self.orders, self.results, self.beats, self.paused_seconds)
         devices = worker_devices(self.cfg)
         threads = threads_each(self.n_workers, devices[0])
         if not devices[0].startswith("cuda"):

@@ -342,6 +342,33 @@ def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path, c
     assert not os.path.exists(left[0]) and "removed 1 launcher folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not sys.platform.startswith("linux"),
+                    reason="POSIX named semaphores in /dev/shm, process groups")
+def test_a_sigkill_to_the_process_group_leaves_semaphores_that_the_next_start_unlinks(
+        tmp_path, tiny_path, capsys):
+    """systemd, Slurm and docker kill send SIGKILL to every process of the run: multiprocessing's
+    resource tracker dies with it and cannot unlink the workers' named semaphores. The launcher
+    folder lists them; the next trainer that starts workers unlinks them and says so (issue 69,
+    item 7)."""
+    import glob
+    import tempfile
+    from infra import stopping
+    run, proc = running(tmp_path, "--max-rounds", "400")
+    (folder,) = glob.glob(os.path.join(tempfile.gettempdir(), f"replay-rl-{proc.pid}-*"))
+    names = open(os.path.join(folder, stopping.SEMAPHORES)).read().split()
+    shm = lambda name: os.path.join("/dev/shm", "sem." + name.lstrip("/"))     # noqa: E731
+    # the workers' queues (3 each: orders, results), lock and shared values (1 each)
+    assert len(names) == 3 * 2 + 5 and all(os.path.exists(shm(name)) for name in names)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert session_gone(proc.pid)
+    assert all(os.path.exists(shm(name)) for name in names)        # left: the tracker died too
+    assert folder in stopping.remove_launchers_left()               # what the next start runs
+    assert not any(os.path.exists(shm(name)) for name in names)
+    assert f"and {len(names)} semaphore(s) in /dev/shm" in capsys.readouterr().err
+
+
 REFUSALS = [(["--lockstep"], "--lockstep: only with --generators 1 or more"),
             (["--max-lag", "1"], "--max-lag: only with --generators 1 or more"),
             (["--generators", "1", "--keep-correct-frac", "0.25"],
