@@ -17,8 +17,10 @@ buffer shares its prompts. Writes docs/results/shared_prefix_cpu.json.
            groups held, an illustration).
   update   replay_rl.update_step, train.py's step (collate, the loss's forward and backward, the
            clip, an AdamW step at lr 0 so that every step does the same work), on one batch, with
-           three log-prob functions (logp_fn): plain (completion_logp), chunked (train.py's default,
-           --logp-chunk 256) and shared (shared_prefix_logp); the model and its settings as
+           four log-prob functions (logp_fn): plain (completion_logp), chunked (train.py's default
+           for SmolLM2's vocabulary, --logp-chunk 256), shared (shared_prefix_logp) and
+           shared_chunked (--shared-prefix with --logp-chunk 256: the shared prefix, then the
+           head 256 tokens at a time); the model and its settings as
            train.py --model smollm2 loads them (LoRA r 16, float32, T = 0.7, up to 48 new
            tokens), the batches its rollouts from generate_rollouts:
              G4        4 prompts x G = 4 (B = 16, whole groups)
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -140,7 +143,8 @@ def batch_of(name: str, model, tokenizer, task, cfg, seed: int = 0) -> list:
 def arms() -> dict:
     from infra.engineered_update import LOGP_CHUNK, logp_fn
     from infra.shared_prefix import shared_prefix_logp
-    return {"plain": None, "chunked": logp_fn(LOGP_CHUNK), "shared": shared_prefix_logp}
+    return {"plain": None, "chunked": logp_fn(LOGP_CHUNK), "shared": shared_prefix_logp,
+            "shared_chunked": functools.partial(shared_prefix_logp, chunk=LOGP_CHUNK)}
 
 
 def columns_of(rollouts, pad_id: int) -> dict:
@@ -194,13 +198,15 @@ def bench_update(name: str, loaded, rounds: int) -> dict:
         out[f"{arm}_median_cpu_s"] = round(median(arm, 0), 3)
         out[f"{arm}_median_wall_s"] = round(median(arm, 1), 3)
         out[f"{arm}_cpu_s"] = [round(t[0], 3) for t in kept[arm]]
-    for other in ("plain", "chunked"):
-        for j, kind in ((0, "cpu"), (1, "wall")):
-            out[f"shared_over_{other}_{kind}"] = round(median("shared", j) / median(other, j), 3)
-        out[f"shared_over_{other}_cpu_each_round"] = [
-            round(s[0] / o[0], 3) for s, o in zip(kept["shared"], kept[other])]
-    print(f"  {name}: shared / plain {out['shared_over_plain_cpu']} (cpu), columns "
-          f"{out['columns_ratio']}", flush=True)
+    for arm in ("shared", "shared_chunked"):
+        for other in ("plain", "chunked"):
+            for j, kind in ((0, "cpu"), (1, "wall")):
+                out[f"{arm}_over_{other}_{kind}"] = round(median(arm, j) / median(other, j), 3)
+            out[f"{arm}_over_{other}_cpu_each_round"] = [
+                round(s[0] / o[0], 3) for s, o in zip(kept[arm], kept[other])]
+    print(f"  {name}: shared / plain {out['shared_over_plain_cpu']}, shared_chunked / plain "
+          f"{out['shared_chunked_over_plain_cpu']} (cpu), columns {out['columns_ratio']}",
+          flush=True)
     return out
 
 

@@ -41,9 +41,13 @@ from transformers import DynamicCache
 from replay_rl import check_layout, check_temperature, completion_logp, refuse_active_dropout
 
 
-def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0):
+def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1.0,
+                       chunk: int = 0):
     """completion_logp's (logp [batch, max_len] with gradient, entropy [batch, max_len] without),
     each distinct prompt of ``cols`` (collate's layout) run once (the module docstring).
+    chunk > 0 (train.py's --logp-chunk): the head and the log-softmax as in
+    chunked_completion_logp, ``chunk`` real tokens at a time, from the decoder's hidden states;
+    a model chunked_completion_logp would not chunk gets the whole logits, as with chunk 0.
 
     Rows share a prompt when their prompt columns (ids and attention mask, the first P columns) are
     equal. For the prompts u = 0 .. U-1, row_of_prompt [U] and prompt_of_row [batch]:
@@ -66,6 +70,8 @@ def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float 
     if len(row_of_prompt) == len(prompt_of_row):           # nothing shared: the plain forward
         return completion_logp(model, cols, temperature)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if chunk and plain_head(base):
+        return chunked(base, cols, temperature, chunk, P, prompt_of_row, row_of_prompt)
     # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x
     keyword = ("cache" if "cache" in inspect.signature(base.forward).parameters
                else "past_key_values")
@@ -88,6 +94,47 @@ def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float 
     with torch.no_grad():
         entropy = log_sum_exp - torch.einsum("bcv,bcv->bc", torch.softmax(scaled, -1), scaled)
     return logp, entropy
+
+
+def plain_head(causal_lm) -> bool:
+    """Whether chunked_completion_logp would chunk this model: its logits are a frozen
+    torch.nn.Linear lm_head of the hidden states and nothing more (PLAIN_HEAD_MODELS)."""
+    from infra.engineered_update import PLAIN_HEAD_MODELS
+    head = causal_lm.get_output_embeddings()
+    return (getattr(causal_lm.config, "model_type", None) in PLAIN_HEAD_MODELS
+            and type(head) is torch.nn.Linear
+            and not any(p.requires_grad for p in head.parameters()))
+
+
+def chunked(causal_lm, cols: dict[str, torch.Tensor], temperature: float, chunk: int, P: int,
+            prompt_of_row: torch.Tensor, row_of_prompt: torch.Tensor):
+    """shared_prefix_logp's steps 1-3 through the decoder alone (the model without its lm_head):
+    the hidden states that score o_1 .. o_max_len, [batch, max_len, hidden]; then the head and
+    the log-softmax of the real tokens, ``chunk`` at a time (engineered_update._HeadLogp), as
+    chunked_completion_logp does. Padding: logp and entropy 0 there."""
+    from infra.engineered_update import _HeadLogp
+    input_ids, mask, position = cols["input_ids"], cols["attention_mask"], cols["position_ids"]
+    max_len = cols["completion_mask"].shape[1]
+    decoder = causal_lm.get_decoder()
+    keyword = ("cache" if "cache" in inspect.signature(decoder.forward).parameters
+               else "past_key_values")
+    prompts = DynamicCache(config=causal_lm.config)
+    out = decoder(input_ids=input_ids[row_of_prompt, :P], attention_mask=mask[row_of_prompt, :P],
+                  position_ids=position[row_of_prompt, :P], use_cache=True,
+                  **{keyword: prompts})
+    hidden = [out.last_hidden_state[:, -1:].index_select(0, prompt_of_row)]  # scores o_1
+    if max_len > 1:
+        rows = expand_rows(prompts, prompt_of_row, P, DynamicCache(config=causal_lm.config))
+        out = decoder(input_ids=input_ids[:, P:-1], attention_mask=mask[:, :-1],
+                      position_ids=position[:, P:-1], use_cache=True, **{keyword: rows})
+        hidden.append(out.last_hidden_state)                 # scores o_2 .. o_max_len
+    hidden = torch.cat(hidden, dim=1)                        # [batch, max_len, hidden]
+    real = cols["completion_mask"].bool()
+    head = causal_lm.get_output_embeddings()
+    logp, entropy = _HeadLogp.apply(hidden[real], head.weight, head.bias,
+                                    input_ids[:, -max_len:][real], temperature, chunk)
+    zeros = torch.zeros(real.shape, device=logp.device)
+    return zeros.masked_scatter(real, logp), zeros.masked_scatter(real, entropy)
 
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):

@@ -11,6 +11,7 @@ update_step_engineered's micro-batches take the same step; the refusals and the 
 rows of a batch drawn from the buffer share a prompt; the benchmark runs."""
 import copy
 import dataclasses
+import functools
 import math
 import os
 
@@ -21,7 +22,7 @@ from buffer import ReplayBuffer, Rollout, collate
 from conftest import policy_with_an_adapter
 from infra import pretrained
 from infra import shared_prefix
-from infra.engineered_update import update_step_engineered
+from infra.engineered_update import chunked_completion_logp, update_step_engineered
 from infra.policy import load_policy
 from infra.shared_prefix import shared_prefix_logp
 from replay_rl import batch_loss, completion_logp, update_step
@@ -138,19 +139,24 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
 
 
-def figures_of(model, cols, **loss_args) -> dict:
+def figures_of(model, cols, chunk: int = 0, **loss_args) -> dict:
     """shared_prefix_logp against completion_logp on cols: the largest differences of log pi_theta
     and of the entropy over the real tokens, the largest |rho - 1| of each (log mu from
     generate_rollouts), and the LoRA gradients' difference relative to the plain one's largest
-    entry (rel)."""
+    entry (rel). chunk: shared_prefix_logp's (the head applied that many tokens at a time)."""
     real = cols["completion_mask"].bool()
+    shared_prefix = functools.partial(shared_prefix_logp, chunk=chunk)
     with torch.no_grad():
         plain, plain_entropy = completion_logp(model, cols, 0.7)
-        shared, shared_entropy = shared_prefix_logp(model, cols, 0.7)
+        shared, shared_entropy = shared_prefix(model, cols, 0.7)
+        if chunk:   # the entropy (a metric) as the chunked head computes it: on SmolLM2 that is up
+            # to 2e-3 nats from completion_logp's (its error against float64: 4e-5), on the tiny
+            # models within the bound below
+            plain_entropy = chunked_completion_logp(model, cols, 0.7, chunk)[1]
     assert torch.isfinite(shared).all() and torch.isfinite(shared_entropy).all()
     rho = lambda logp: (torch.exp(logp - cols["behaviour_logp"])[real] - 1).abs().max().item()
     grads = lora_grads(model, cols, None, **loss_args)
-    shared_grads = lora_grads(model, cols, shared_prefix_logp, **loss_args)
+    shared_grads = lora_grads(model, cols, shared_prefix, **loss_args)
     assert grads.abs().max() > 1e-6                                 # a gradient at all
     return {"logp": (shared - plain)[real].abs().max().item(),
             "entropy": (shared_entropy - plain_entropy)[real].abs().max().item(),
@@ -158,7 +164,8 @@ def figures_of(model, cols, **loss_args) -> dict:
             "values": (plain, shared)}
 
 
-def check_equal(model, batch, pad_id: int, float32_floor: bool = False, **loss_args) -> dict:
+def check_equal(model, batch, pad_id: int, float32_floor: bool = False, chunk: int = 0,
+                **loss_args) -> dict:
     """shared_prefix_logp against completion_logp on ``batch`` (several rows share a prompt),
     asserted in float32: log pi_theta within 1e-5, the entropy within 1e-5 of log(vocab), rho = 1
     within 1e-4, the LoRA gradient within 1e-5 relative.
@@ -170,7 +177,7 @@ def check_equal(model, batch, pad_id: int, float32_floor: bool = False, **loss_a
     real = cols["completion_mask"].bool()
     P = cols["input_ids"].shape[1] - real.shape[1]
     assert len({tuple(row) for row in cols["input_ids"][:, :P].tolist()}) < len(batch)
-    found = figures_of(model, cols, **loss_args)
+    found = figures_of(model, cols, chunk, **loss_args)
     plain, shared = found.pop("values")
     vocab = model.get_base_model().config.vocab_size
     assert found["entropy"] <= LOGP_ATOL * math.log(vocab), found
@@ -189,20 +196,44 @@ def check_equal(model, batch, pad_id: int, float32_floor: bool = False, **loss_a
 
 
 # ---- exact: the same log pi_theta, rho = 1 on fresh data, the same LoRA gradient ----------------
+@pytest.mark.parametrize("chunk", [0, 5])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_the_demo_model_gives_the_plain_log_probs_and_gradient(demo, beta):
-    """beta 0.1: the KL term's reference log-probs (adapter off, no_grad) go through it too."""
+def test_the_demo_model_gives_the_plain_log_probs_and_gradient(demo, beta, chunk):
+    """beta 0.1: the KL term's reference log-probs (adapter off, no_grad) go through it too.
+    chunk 5: the decoder's hidden states, then the head 5 real tokens at a time (--logp-chunk)."""
     model, tokenizer, prompts = demo
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts))
     assert len({len(r.completion_ids) for r in batch}) > 2
-    check_equal(model, batch, tokenizer.pad_token_id, beta=beta)
+    check_equal(model, batch, tokenizer.pad_token_id, chunk=chunk, beta=beta)
 
 
+@pytest.mark.parametrize("chunk", [0, 5])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_two_other_architectures_give_the_plain_log_probs_and_gradient(tiny_archs, arch):
+def test_two_other_architectures_give_the_plain_log_probs_and_gradient(tiny_archs, arch, chunk):
+    """chunk 5 on GPT-NeoX (not a plain head: chunked_completion_logp would not chunk it) gives the
+    whole logits, as chunk 0."""
     model, tokenizer, prompts = tiny_archs[arch]
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts))
-    check_equal(model, batch, tokenizer.pad_token_id, loss_type="ppo")
+    check_equal(model, batch, tokenizer.pad_token_id, chunk=chunk, loss_type="ppo")
+
+
+def test_with_a_chunk_the_head_runs_on_the_decoder_s_hidden_states(demo, tiny_archs,
+                                                                    monkeypatch):
+    """chunk > 0 takes the chunked head (engineered_update._HeadLogp) where
+    chunked_completion_logp would (the demo's Llama, Qwen2), never the whole logits there; and
+    not on GPT-NeoX, whose head is not in PLAIN_HEAD_MODELS."""
+    from infra import engineered_update
+    calls = []
+    real_apply = engineered_update._HeadLogp.apply
+    monkeypatch.setattr(engineered_update._HeadLogp, "apply",
+                        lambda *args: calls.append(args[-1]) or real_apply(*args))
+    for (model, tokenizer, prompts), chunked in ((demo, True), (tiny_archs["qwen2"], True),
+                                                 (tiny_archs["gpt_neox"], False)):
+        cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
+                       tokenizer.pad_token_id, 0)
+        calls.clear()
+        shared_prefix_logp(model, cols, 0.7, chunk=5)
+        assert calls == ([5] if chunked else []), (model.config.model_type, calls)
 
 
 def test_4bit_weights_give_the_plain_log_probs_and_gradient(tiny_archs, tmp_path):
@@ -221,10 +252,12 @@ def test_4bit_weights_give_the_plain_log_probs_and_gradient(tiny_archs, tmp_path
 
 
 @pytest.mark.slow
-def test_smollm2_gives_the_plain_log_probs_and_gradient(smollm2):
+@pytest.mark.parametrize("chunk", [0, 256])
+def test_smollm2_gives_the_plain_log_probs_and_gradient(smollm2, chunk):
+    """chunk 256: train.py --model smollm2 --shared-prefix (its vocabulary of 49,152: chunked)."""
     model, tokenizer, prompts = smollm2
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts, max_new_tokens=12))
-    check_equal(model, batch, tokenizer.pad_token_id, float32_floor=True)
+    check_equal(model, batch, tokenizer.pad_token_id, float32_floor=True, chunk=chunk)
 
 
 @pytest.mark.parametrize("name", ["demo", *ARCHITECTURES])
