@@ -240,6 +240,9 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
         raise ValueError(f"the rollouts were sampled at T = {cols['temperature']}, "
                          f"not {temperature}")
     max_len = cols["completion_mask"].shape[1]
+    # collate's layout: the completions fill the last max_len columns, padded on the right
+    if not torch.equal(cols["attention_mask"][:, -max_len:].bool(), cols["completion_mask"] > 0):
+        raise ValueError("cols not laid out as collate's: build them with collate")
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],
                    position_ids=cols["position_ids"][:, :-1]).logits[:, -max_len:]
@@ -255,6 +258,8 @@ def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
     Padding is selected away (torch.where), never multiplied by 0, because NaN * 0 is NaN."""
     if advantage.shape != logp.shape[:1]:
         raise ValueError(f"advantage {list(advantage.shape)}: one per rollout, [batch]")
+    if is_cap < 1:                  # a cap below 1 would cut fresh tokens (rho = 1) too
+        raise ValueError(f"is_cap {is_cap}: C must be >= 1")
     real = mask > 0
     logp = torch.where(real, logp, 0.0)
     rho = torch.exp(logp - torch.where(real, behaviour_logp, 0.0)).detach()    # no gradient

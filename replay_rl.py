@@ -236,6 +236,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, curre
     train.py runs this step. infra/engineered_update.py takes the same step in micro-batches, over
     processes or in fp16, when a flag asks for one. Tests keep the two equal.
     """
+    if not max_grad_norm > 0:       # clip_grad_norm_ at 0 scales every gradient to 0, silently
+        raise ValueError(f"max_grad_norm {max_grad_norm}: must be > 0 (float('inf'): no clip)")
     cols = collate(rollouts, pad_id, current_version, device=next(model.parameters()).device)
     loss, metrics, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                         logp_fn=logp_fn, **loss_args)
@@ -259,7 +261,9 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, curre
 def check_layout(cols: dict) -> None:
     """Refuses, in one line, cols that are not laid out as ``collate``'s, which completion_logp
     reads. That layout is input_ids, attention_mask, position_ids [batch, prompt_len + max_len]
-    and completion_mask [batch, max_len], with the completions in the last max_len columns."""
+    and completion_mask [batch, max_len]. The prompts are padded on the left, the completions fill
+    the last max_len columns, padded on the right. Cols of another layout with the same shapes (a
+    row-wise right-padded batch) would be scored at the wrong columns, silently."""
     need = ("input_ids", "attention_mask", "position_ids", "completion_mask")
     shapes = {k: tuple(cols[k].shape) for k in need if torch.is_tensor(cols.get(k))}
     whole, completion = shapes.get("input_ids", ()), shapes.get("completion_mask", ())
@@ -268,6 +272,17 @@ def check_layout(cols: dict) -> None:
             or shapes["attention_mask"] != whole or shapes["position_ids"] != whole):
         raise ValueError(f"cols are not collate's layout: {shapes} (needs {need}, the completions "
                          "the last max_len of input_ids' columns): build them with buffer.collate")
+    # where the tokens are: each completion starts in the first of the last max_len columns and is
+    # padded on its right, so those columns are attended exactly where completion_mask is 1; each
+    # prompt ends in the column before them (padded on its left)
+    max_len = completion[1]
+    if (not torch.equal(cols["attention_mask"][:, -max_len:].bool(),
+                        cols["completion_mask"].bool())
+            or not cols["attention_mask"][:, -max_len - 1].bool().all()):
+        raise ValueError("cols are not collate's layout: the prompts must be padded on the left "
+                         "and the completions fill the last max_len columns, padded on the right "
+                         "(their attention_mask there equal to completion_mask): build them with "
+                         "buffer.collate")
 
 
 def check_temperature(cols: dict, temperature: float) -> None:

@@ -10,7 +10,7 @@ Nothing of the method is only here. For a model with a vocabulary of 32,000 toke
 one: SmolLM2, Llama, Qwen), train.py's update_step takes its log pi_theta from
 chunked_completion_logp below (--logp-chunk, its logp_fn): completion_logp's values, tested equal,
 computed a chunk of tokens at a time so that the vocabulary's logits do not fill memory. The demo
-model's vocabulary is 20 tokens: `python train.py` runs completion_logp itself.
+model's vocabulary is 50 tokens: `python train.py` runs completion_logp itself.
 """
 from __future__ import annotations
 
@@ -97,6 +97,8 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     It is longer than the rest: one loop holds all of the above, and a first reading skips it.
     """
     refuse_active_dropout(model)
+    if not max_grad_norm > 0:       # clip_grad_norm_ at 0 scales every gradient to 0, silently
+        raise ValueError(f"max_grad_norm {max_grad_norm}: must be > 0 (float('inf'): no clip)")
     device = next(model.parameters()).device
     micro = micro_batch_size or len(rollouts)
     ages = [current_version - rollout.policy_version for rollout in rollouts]

@@ -567,3 +567,70 @@ def test_a_mixture_of_experts_router_jitter_is_found_zeroed_and_refused():
     replay_rl.refuse_active_dropout(model)
     ids = torch.arange(1, 9)[None]
     assert torch.equal(model(ids).logits, model(ids).logits)      # no longer random
+
+
+# ---- a fifth reader's traps (docs/reviews/reader-2026-12-07-5.md), each on the bare function ----
+def right_padded(cols: dict, rollouts: list, pad_id: int) -> dict:
+    """The reader's own collate: each row prompt + completion, padded on the right, the same
+    shapes and completion_mask as collate's (its T1)."""
+    ids = torch.full_like(cols["input_ids"], pad_id)
+    attention = torch.zeros_like(ids)
+    for i, r in enumerate(rollouts):
+        row = torch.cat([r.prompt_ids, r.completion_ids])
+        ids[i, :len(row)], attention[i, :len(row)] = row, 1
+    return dict(cols, input_ids=ids, attention_mask=attention,
+                position_ids=(attention.cumsum(1) - 1).clamp(min=0))
+
+
+def test_reader5_trap1_a_right_padded_batch_is_refused_by_both_completion_logps(policy, addition):
+    """Rows padded on the right (prompts of different lengths) scored log pi 20 nats off log mu,
+    silently: both completion_logps now check where the tokens are, not only the shapes."""
+    model, tokenizer = policy
+    model.eval()
+    torch.manual_seed(1)
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
+                                    num_generations=2, max_new_tokens=5, policy_version=0)
+    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    own = right_padded(cols, rollouts, tokenizer.pad_token_id)
+    assert not torch.equal(own["input_ids"], cols["input_ids"])       # the layouts differ
+    with torch.no_grad():
+        assert largest_log_rho(model, tokenizer, rollouts) < 1e-5       # collate's: rho = 1
+        for fn in (lambda c: completion_logp(model, c, 1.0),
+                   lambda c: minimal.completion_logp(model, c, 1.0)):
+            fn(cols)
+            with pytest.raises(ValueError, match="collate's"):
+                fn(own)
+
+
+def test_reader5_trap2_max_grad_norm_0_is_refused_by_both_steps(policy, addition):
+    """clip_grad_norm_ at 0 scales every gradient to 0: the weights never moved while the
+    reported grad_norm (before clipping) looked healthy. Refused; inf (no clip) takes the step."""
+    from infra.engineered_update import update_step_engineered
+    model, tokenizer = policy
+    model.eval()
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
+                                    num_generations=4, max_new_tokens=5, policy_version=0)
+    rollouts = [dataclasses.replace(r, advantage=(-1.0) ** i) for i, r in enumerate(rollouts)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    for step in (update_step, update_step_engineered):
+        for bad in (0.0, -1.0):
+            with pytest.raises(ValueError, match="max_grad_norm"):
+                step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
+                     max_grad_norm=bad)
+    before = [p.detach().clone() for p in params]
+    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
+                max_grad_norm=float("inf"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_reader5_trap3_minimal_policy_loss_refuses_a_cap_below_1():
+    """is_cap 0.2 (epsilon's value taken for C) clamped every weight to 0.2 in minimal.py's loss,
+    silently; the module's refused it. Both refuse it now; C = 1 is allowed."""
+    logp = torch.tensor([[-0.5, -1.0]], requires_grad=True)
+    args = (logp, torch.tensor([[-0.7, -0.9]]), torch.tensor([1.5]), torch.ones(1, 2))
+    for loss in (minimal.policy_loss, policy_loss):
+        with pytest.raises(ValueError, match="is_cap 0.2"):
+            loss(*args, is_cap=0.2)
+    assert minimal.policy_loss(*args, is_cap=1.0)[0].item() == pytest.approx(
+        policy_loss(*args, is_cap=1.0)[0].item())
