@@ -2,7 +2,8 @@
 its buffer. The two loops come first (``train_async``, the trainer; ``worker_loop``, a worker),
 then the trainer's rules (how many steps a round makes due, when to order a round, one step). The
 processes, queues and weight sharing sit in infra/workers.py (``Generators`` on the trainer's side,
-``WorkerLink`` on a worker's); a reader who skips it misses nothing of the method.
+``WorkerLink`` on a worker's). It holds nothing of the method, but the rules below call its
+``Generators`` by name (outstanding, delivered, published, take_round): read its class docstring.
 
     python train.py --generators 1          # one worker process generates while the trainer steps
 
@@ -114,7 +115,7 @@ def store(run, rollouts: list[Rollout], gen: dict) -> int:
     run.buffer.drop_stale(state.step)
     report.count_round(state, gen, len(rollouts), len(rollouts) // cfg.num_generations,
                        gen["reward_errors"], stored)
-    run.report.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
+    run.reporter.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
                            **report.buffer_counts(run.buffer, state)})
     held = len(run.buffer) >= cfg.batch_size
     if cfg.step_when_held:
@@ -157,11 +158,11 @@ def rounds_ahead(n_workers: int, batch_size: int, rollouts_per_round: int) -> in
 
 
 def room_for_a_round(run, outstanding: int) -> bool:
-    """Whether a round of R = P x G more rollouts (the most a round stores), after those on their
-    way, would evict (FIFO: the oldest first) only rollouts already used: the worker waits instead
-    of generating what would push an unused one out."""
-    R, items = run.cfg.rollouts_per_round, run.buffer.items
-    evicted = len(items) + (outstanding + 1) * R - run.cfg.buffer_size
+    """Whether a round of P x G more rollouts (the most a round stores; the README's R is what it
+    does store), after those on their way, would evict (FIFO: the oldest first) only rollouts
+    already used: the worker waits instead of generating what would push an unused one out."""
+    most_stored, items = run.cfg.rollouts_per_round, run.buffer.items
+    evicted = len(items) + (outstanding + 1) * most_stored - run.cfg.buffer_size
     return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])
 
 

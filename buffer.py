@@ -10,7 +10,7 @@ by default) and the buffer's checkpoint form (``buffer_state``, ``load_buffer_st
 
 A policy's version is the number of optimizer steps it has taken. Each rollout keeps the version
 of the policy that generated it (``policy_version``). Its age is the current version minus its
-own, and collate returns it as ``age`` when the rollout is replayed. Tokens are stored unpadded,
+own. collate returns it as ``age`` when it is given the current version. Tokens are stored unpadded,
 one 1-D tensor per rollout. collate pads a batch only when it is used.
 """
 from __future__ import annotations
@@ -217,12 +217,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
                               equal). This is right only for losses that get no gradient from
                               them, so it needs the loss named (loss_type, beta; see
                               zero_advantage_filter_fits).
-      add(rollouts, limit)    store at most ``limit`` of them. With --new-per-update S > 0,
-                              train.py's add_to_buffer passes the larger of two counts: the S new
-                              rollouts the updates wait for, less those of the current policy
-                              already held; and what a filling buffer still lacks of B (of
-                              --learning-starts before the first update, if that is more).
-                              With S = 0 it passes no limit.
+      add(rollouts, limit)    store at most ``limit`` of them, the rest dropped and counted
+                              (train.py's add_to_buffer sets it with --new-per-update; its
+                              docstring says how).
     """
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,

@@ -56,10 +56,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    Engineering, off by default (train.py turns it on), gives the same samples faster:
+    Engineering, off by default, gives the same samples faster:
+      - shared_prefill=True (train.py passes it): each prompt prefilled once for its G samples
+        (prefill_once);
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
-        (--fast-generation);
-      - shared_prefill=True: each prompt prefilled once for its G samples (prefill_once)."""
+        (train.py passes it with --fast-generation)."""
     refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(

@@ -56,12 +56,12 @@ class Run:
     rng: random.Random              # the prompt stream (the same in every process)
     out: str                        # the run folder
     state: LoopState                # the loop's counters: round, step (the version), tokens...
-    report: report.Report           # metrics.jsonl, the progress bar, curves.png
+    reporter: report.Report         # metrics.jsonl, the progress bar, curves.png
     stop: stopping.StopRequest      # a first Ctrl-C / SIGTERM: the round under way is cut short
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
     # set while the run goes on:
     pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
-    saved: dict | None = None       # the loop state the last checkpoint of this process holds
+    saved_state: dict | None = None     # the loop state the last checkpoint of this process holds
 
 
 def parse_config(argv=None) -> Config:
@@ -176,7 +176,7 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
     if S == 0:
         limit = None                                            # every rollout
     else:
-        new_still_needed = S - fresh(run)
+        new_still_needed = S - current_rollouts(run)
         to_fill_the_buffer = must_hold(run, B) - len(run.buffer)
         limit = max(new_still_needed, to_fill_the_buffer)
     stored = run.buffer.add(rollouts, limit=limit)
@@ -188,7 +188,7 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
 def holds(run: Run, B: int, S: int) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
     --learning-starts if more) and, with S, S rollouts of the current policy; in every process."""
-    due = len(run.buffer) >= must_hold(run, B) and fresh(run) >= S
+    due = len(run.buffer) >= must_hold(run, B) and current_rollouts(run) >= S
     return distributed.every_rank(due)
 
 
@@ -198,7 +198,7 @@ def must_hold(run: Run, B: int) -> int:
     return max(B, first)
 
 
-def fresh(run: Run) -> int:
+def current_rollouts(run: Run) -> int:
     """Rollouts in the buffer sampled by the current policy (none trained on it yet)."""
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
@@ -220,16 +220,20 @@ def sample_batch(run: Run, B: int, max_uses: int | None = None) -> list | None:
 
 def step_args(run: Run) -> dict:
     """update_step's keyword arguments: the loss's settings, the policy's version now, and the
-    function that gives log pi_theta: completion_logp, the one replay_rl.py opens with; for a
-    large vocabulary (--logp-chunk) chunked_completion_logp; with --shared-prefix,
-    shared_prefix_logp."""
+    function that gives log pi_theta (logp_fn). By default that is completion_logp, the one
+    replay_rl.py opens with (logp_fn None). --logp-chunk's default, -1, becomes 256 for a
+    vocabulary of 32,000 tokens or more: then chunked_completion_logp. With --shared-prefix,
+    shared_prefix_logp (its head in chunks too, for such a vocabulary)."""
     cfg = run.cfg
+    chunk = engineered_update.resolve_logp_chunk(cfg.logp_chunk, run.model)    # -1: 256 or 0
+    if cfg.shared_prefix:
+        logp_fn = functools.partial(shared_prefix_logp, chunk=chunk)
+    else:
+        logp_fn = engineered_update.logp_fn(chunk)      # None for 0: completion_logp
     return dict(pad_id=run.tokenizer.pad_token_id, current_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
-                normalization=cfg.normalization, asymre_tau=cfg.asymre_tau,
-                logp_fn=(functools.partial(shared_prefix_logp, chunk=cfg.logp_chunk)
-                         if cfg.shared_prefix else engineered_update.logp_fn(cfg.logp_chunk)))
+                normalization=cfg.normalization, asymre_tau=cfg.asymre_tau, logp_fn=logp_fn)
 
 
 def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
@@ -246,7 +250,7 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
     state.step += 1
     report.count_step(state, metrics, batch_size)
     report.peak_memory(state.round_stats, "train", run.model)
-    run.report.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
+    run.reporter.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
                            **report.buffer_counts(run.buffer, state),
                            "lr": run.optimizer.param_groups[0]["lr"]})
     if state.skipped_in_a_row >= cfg.max_skipped_steps:     # one line, the run saved (stopping)
@@ -257,7 +261,7 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
 def record_idle_round(run: Run) -> None:
     """A round without updates (the buffer held fewer than B, or not S new ones): its row."""
     run.state.idle_rounds += 1
-    run.report.row(run.state, {**run.state.round_stats, "updates": 0,
+    run.reporter.row(run.state, {**run.state.round_stats, "updates": 0,
                                **report.buffer_counts(run.buffer, run.state)})
 
 
@@ -299,7 +303,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
         checkpoint.drop_after(out, state.round)
         report.resumed(cfg, state, saved.config)
     run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, rng, out, state,
-              report=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
+              reporter=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
               fast=fast)
     training_mode(run)
     stop.watch(run)
@@ -398,7 +402,7 @@ class Config:
     gradient_checkpointing: bool = opt(False, "activation checkpointing: less memory, slower")
     logp_chunk: int = opt(-1, "tokens per chunk of the update's log-probs (less memory; "
         "Llama/Qwen); 0: off, completion_logp itself; -1: 256 for a vocabulary of 32,000 tokens "
-        "or more, else off (the demo's 20 tokens: off)")
+        "or more, else off (the demo's 50 tokens: off)")
     shared_prefix: bool = opt(False, "the update runs each distinct prompt of a batch once "
         "(infra/shared_prefix.py: the same log-probs, fewer token columns); with --logp-chunk "
         "(a large vocabulary's default) its head then runs in chunks too")

@@ -101,8 +101,6 @@ def load_model(cfg, task: tasks.Task, device: str, rank: int):
         f"+ {lora / 1e6:.3f}M trainable in the LoRA adapter (r={cfg.lora_r})")
     if note := cpu_bfloat16_note(cfg.dtype, device):
         report.say(cfg, note)
-    from infra.engineered_update import resolve_logp_chunk
-    cfg.logp_chunk = resolve_logp_chunk(cfg.logp_chunk, model)  # -1: by the vocabulary's size
     return model, tokenizer, task
 
 

@@ -27,9 +27,9 @@ def held_out_eval(run) -> float:
                 run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
         run.model.train(run.cfg.gradient_checkpointing)     # as the steps run: train.py's
         scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
-        run.report.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
+        run.reporter.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
         with report.timed(state, "eval"):   # out of the wall clock, as the eval itself
-            run.report.curves()
+            run.reporter.curves()
     state.next_eval_tokens = cli.next_eval_tokens(run.cfg, state.gen_tokens)
     return state.last_accuracy
 
@@ -45,7 +45,7 @@ def eval_due(run) -> bool:
 
 def end_of_round(run) -> None:
     """The progress bar; a checkpoint when due (--save-every)."""
-    run.report.progress(run.state)
+    run.reporter.progress(run.state)
     if run.cfg.save_every and run.state.round % run.cfg.save_every == 0:
         save(run)
 
@@ -60,7 +60,7 @@ def save(run) -> str:
     """The run's checkpoint as it stands (checkpoint-<round>); the round it saved, in run."""
     path = checkpoint.save(run.out, asdict(run.state), asdict(run.cfg), model=run.model,
                            optimizer=run.optimizer, buffer=run.buffer, rng=run.rng)
-    run.saved = asdict(run.state)
+    run.saved_state = asdict(run.state)
     return path
 
 
@@ -75,12 +75,12 @@ def finish(run) -> dict:
     adapter = os.path.join(run.out, "adapter")
     checkpoint.save_adapter(run.model, adapter)
     try:
-        if run.saved != asdict(state):  # not saved as it stands (--save-every saved this round)
+        if run.saved_state != asdict(state):  # not saved as it stands (--save-every saved it)
             save(run)
     except runfolder.DiskFull as e:
         e.kept = adapter
         raise
-    run.report.close()
+    run.reporter.close()
     report.summary(run.cfg, state, run.out)
     distributed.close()
     return {"first_accuracy": state.first_accuracy, "final_accuracy": state.last_accuracy,

@@ -407,7 +407,7 @@ class StopRequest:
                 f"({type(e).__name__}: {e}); {how_to_go_on(run.out)}")
             raise Ended(1) from None
         with contextlib.suppress(OSError, ValueError):     # its bar on a closed terminal
-            run.report.close()
+            run.reporter.close()
         resume = distributed.command(f"train.py --resume {run.out}")    # or torchrun
         if cause is None:
             say(f"interrupted: checkpoint saved to {path}\nresume with: {resume}")

@@ -172,7 +172,7 @@ class Generators:
                 break
             self.ready.add(message[1])  # a worker loaded its model: the clock starts with the last
             if len(self.ready) == self.n_workers:
-                self.run.report.restart_clock(state)
+                self.run.reporter.restart_clock(state)
                 self.clock = time.perf_counter()
         if wait and self.clock is not None:
             state.trainer_wait_seconds += time.perf_counter() - max(start, self.clock)
@@ -248,7 +248,7 @@ class Generators:
         round_stats: the shares of wall time the trainer waited for
         rollouts and the workers (on average) for weights or for room; rollouts generated, stored
         and trained on per wall second."""
-        self.run.report.tick(state)     # the wall clock: since every worker is ready
+        self.run.reporter.tick(state)     # the wall clock: since every worker is ready
         wall, n = max(state.wall_seconds, 1e-9), self.n_workers
         state.round_stats.update({
             "trainer_wait_seconds": state.trainer_wait_seconds,

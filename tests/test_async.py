@@ -101,7 +101,7 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     state = train.LoopState()
     written = []
     run = SimpleNamespace(cfg=cfg, state=state, buffer=ReplayBufferWithVariants(32),
-                          report=SimpleNamespace(row=lambda state, row: written.append(row)))
+                          reporter=SimpleNamespace(row=lambda state, row: written.append(row)))
     one = lambda: Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0, 0.5, 0,
                           baseline=0.5, temperature=1.0)
     gen = {"new_tokens": 16, "reward": 1.0, "zero_adv_frac": 0.0, "rollout_entropy": 0.1,

@@ -108,7 +108,7 @@ def test_a_ctrl_c_while_the_workers_start_is_kept(monkeypatch, tiny_path):
                        num_generations=8)
     stop = stopping.StopRequest()
     run = types.SimpleNamespace(cfg=cfg, model=model, stop=stop, state=None,
-                                report=types.SimpleNamespace(tick=lambda state: 0.0),
+                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
                                 pause_workers=contextlib.nullcontext)
     start_process = multiprocessing.context.SpawnProcess.start
 

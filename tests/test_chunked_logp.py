@@ -227,7 +227,7 @@ def test_a_chunk_below_one_token_and_another_temperature_are_refused(models):
 
 
 def test_the_default_chunks_only_a_large_vocabulary(models, tmp_path):
-    """--logp-chunk -1 (the default): the demo's 20-token vocabulary runs completion_logp itself
+    """--logp-chunk -1 (the default): the demo's 50-token vocabulary runs completion_logp itself
     (logp_fn None: the function a reader studies), a vocabulary of 32,000 tokens is chunked by 256,
     one of 31,999 is not; a chunk given, or 0, is kept as it is. The run's config says which."""
     from transformers import LlamaConfig, LlamaForCausalLM
