@@ -37,6 +37,7 @@ Where this file departs from the paper (train.py offers each of the paper's choi
 Each piece below equals its counterpart in rollout.py, buffer.py or replay_rl.py on the same inputs
 (tests/test_minimal.py).
 """
+import logging
 import os
 import random
 import warnings
@@ -44,7 +45,11 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
-from peft import LoraConfig, get_peft_model
+
+# peft imports bitsandbytes, which on some CPUs warns that an optional kernel is missing: noise
+for library in ("bitsandbytes", "kernels"):
+    logging.getLogger(library).setLevel(logging.ERROR)
+from peft import LoraConfig, get_peft_model     # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 # Silence a deprecation notice that peft 0.21 triggers in transformers 5 when it wraps the model
@@ -156,6 +161,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
     attention = torch.cat([enc.attention_mask, mask.long()], 1)
     positions = (attention.cumsum(1) - 1).clamp(min=0)              # as generate numbers them
     logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
+    # column j's logits predict token j + 1, so columns prompt_len - 1 .. end - 1 score the
+    # completion (completion_logp below feeds [:, :-1] and keeps the last max_len: the same)
     z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
     behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
     behaviour_logp = behaviour_logp.squeeze(-1)

@@ -380,9 +380,9 @@ def prefill_once(model, prompt_ids: list[torch.Tensor], pad_id: int, copies: int
         return ids.to(device), mask.to(device), {}
     ids, mask = ids.to(device), mask.to(device)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
-    forward = lambda cols, batch, into: model(         # the cache of columns cols, filled in place
-        input_ids=ids[batch, cols], attention_mask=mask[batch, :cols.stop],
-        position_ids=position[batch, cols], use_cache=True, logits_to_keep=1, **{keyword: into})
+    forward = lambda span, batch, into: model(         # the cache of columns span, filled in place
+        input_ids=ids[batch, span], attention_mask=mask[batch, :span.stop],
+        position_ids=position[batch, span], use_cache=True, logits_to_keep=1, **{keyword: into})
     prompts = DynamicCache(config=base.config)
     if shared:
         forward(slice(0, shared), slice(0, 1), prefix := DynamicCache(config=base.config))

@@ -86,8 +86,17 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     """The loop of the README. Each round: generate, add to the buffer, and once it holds B (with
     S: S new ones) take K updates; an eval when due, a checkpoint when due.
     task: the --task's prompts and reward. saved: the checkpoint --resume names, or None.
-    stop: the signal handler. Any ending (the first Ctrl-C, an error) saves the run as the round
-    under way began, and --resume does that round again (infra/stopping.py)."""
+    stop: the signal handler.
+    What the named calls of infra/ do, so that the loop reads without them:
+      budget_spent   --max-rounds rounds done, or --max-gen-tokens generated;
+      eval_due       every --eval-every rounds (or at --eval-every-tokens / --eval-at-tokens);
+      held_out_eval  greedy accuracy on --eval-prompts held-out prompts: a metrics row, a line;
+      end_of_round   the progress bar, and a checkpoint every --save-every rounds;
+      finish         the last eval, the adapter, the last checkpoint, the summary;
+      stop.keeping   any ending (the first Ctrl-C, an error): the run saved, one line naming how
+                     to resume;
+      stop.round     a stop inside the round: the run saved as the round began (its weights,
+                     optimizer, buffer, random streams), so --resume does that round again."""
     run = setup(cfg, task, saved, stop)
     state, K = run.state, cfg.updates_per_round
     # B and S as this process holds them: all of them when it runs alone; under torchrun, with W

@@ -27,7 +27,7 @@ def test_minimal_imports_nothing_of_the_project():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"os", "random", "warnings", "collections", "dataclasses", "torch", "peft",
+    assert imported <= {"logging", "os", "random", "warnings", "collections", "dataclasses", "torch", "peft",
                         "transformers"}, imported
     assert {"torch", "peft", "transformers"} <= imported
 
