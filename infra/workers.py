@@ -52,8 +52,19 @@ class Generators:
         self.delivered = False                  # a round has arrived (in this process)
         self.resumed_at = time.monotonic()      # the end of the last pause (evals): no beats then
         self.procs = []
+        self.orders = self.results = None       # made by __enter__
+        self.undo_launcher = lambda: None
 
     def __enter__(self):
+        """The workers started. Cut short (a Ctrl-C while they start, an error), what started of
+        them is stopped and the launcher folder removed before the exception goes on."""
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self):
         ctx = multiprocessing.get_context("spawn")      # a fresh interpreter: no handler, no lock
         self.weights = shared_weights(trainable(self.run.model))
         stopping.quiet_resource_tracker()       # before the launcher: it outlives a killed trainer
@@ -262,10 +273,25 @@ class Generators:
             "trained_per_s": state.rollouts_trained / wall})
 
     def stop(self) -> None:
+        """Every worker stopped and reaped (stop_gently); the launcher folder removed, whatever
+        happens meanwhile. A second Ctrl-C while they stop waits no longer: each worker's process
+        group is killed at once, and the KeyboardInterrupt goes on."""
+        try:
+            self.stop_gently()
+        except BaseException:
+            for p in self.procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            raise
+        finally:
+            self.undo_launcher()
+
+    def stop_gently(self) -> None:
         """Every worker stopped and reaped: asked first, then SIGTERM, then SIGKILL; then what
         they started (a reward's forked child: each worker leads a process group of its own)."""
         self.signal_all(signal.SIGCONT)         # a stopped worker cannot act on what follows
-        for q in self.orders.queues:
+        queues = [*self.orders.queues, self.results] if self.results is not None else []
+        for q in queues[:-1]:
             try:
                 q.put_nowait(None)
             except (ValueError, OSError):
@@ -282,10 +308,9 @@ class Generators:
                 p.join()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
-        for q in (*self.orders.queues, self.results):
+        for q in queues:
             q.cancel_join_thread()
             q.close()
-        self.undo_launcher()
 
 
 class Orders:

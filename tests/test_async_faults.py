@@ -136,6 +136,76 @@ REFUSED_BEFORE_LOADING = [
      "1000000001 workers on the CPU")]
 
 
+@linux
+def test_a_start_cut_short_leaves_no_worker_and_no_launcher_folder(monkeypatch, tiny_path):
+    """A second Ctrl-C (a KeyboardInterrupt) while the trainer starts its workers, after the
+    launcher folder and the first worker exist: what started is stopped and the folder removed on
+    the way out; it was left for the next start to remove (issue 69, item 13)."""
+    import glob
+    import tempfile
+    from infra.policy import load_policy
+    model, _ = load_policy(tiny_path, lora_r=4)
+    cfg = train.Config(generators=2, buffer_size=16, batch_size=16, prompts_per_round=2,
+                       num_generations=8)
+    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stopping.StopRequest(), state=None,
+                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
+                                pause_workers=contextlib.nullcontext)
+    start_process, started = multiprocessing.context.SpawnProcess.start, []
+
+    def second_start_interrupted(self):
+        if started:
+            raise KeyboardInterrupt
+        start_process(self)
+        started.append(self)
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", second_start_interrupted)
+    mine = os.path.join(tempfile.gettempdir(), f"replay-rl-{os.getpid()}-*")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with worker_processes.Generators(run, async_rl.worker_loop):
+                pass
+    finally:
+        run.stop.restore()
+    assert len(started) == 1 and not started[0].is_alive() and started[0].exitcode is not None
+    assert glob.glob(mine) == []
+
+
+@linux
+def test_a_second_ctrl_c_while_the_workers_stop_kills_them_and_removes_the_folder(monkeypatch,
+                                                                                 tiny_path):
+    """The first Ctrl-C ends the with block, and the second arrives while the trainer waits for
+    its workers to stop: it waits no longer, kills them, removes the launcher folder, and the
+    KeyboardInterrupt goes on (issue 69, item 13: the folder was left for the next start)."""
+    import glob
+    import tempfile
+    from infra.policy import load_policy
+    model, _ = load_policy(tiny_path, lora_r=4)
+    cfg = train.Config(generators=1, buffer_size=16, batch_size=16, prompts_per_round=2,
+                       num_generations=8)
+    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stopping.StopRequest(), state=None,
+                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
+                                pause_workers=contextlib.nullcontext)
+    monkeypatch.setattr(worker_processes.Generators, "account", lambda self, state: None)
+    mine = os.path.join(tempfile.gettempdir(), f"replay-rl-{os.getpid()}-*")
+    join = multiprocessing.process.BaseProcess.join
+
+    def join_interrupted(self, timeout=None):
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", join)
+        raise KeyboardInterrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with worker_processes.Generators(run, async_rl.worker_loop) as generators:
+                assert len(glob.glob(mine)) == 1
+                procs = list(generators.procs)
+                monkeypatch.setattr(multiprocessing.process.BaseProcess, "join",
+                                    join_interrupted)
+                raise stopping.Interrupted("SIGINT")
+    finally:
+        run.stop.restore()
+    procs[0].join(10)
+    assert not procs[0].is_alive() and procs[0].exitcode is not None
+    assert glob.glob(mine) == []
+
+
 @pytest.mark.parametrize("flags, says", REFUSED_BEFORE_LOADING,
                          ids=[" ".join(f) for f, _ in REFUSED_BEFORE_LOADING])
 def test_workers_the_machine_cannot_hold_are_refused_before_anything_loads(flags, says, tmp_path):
