@@ -343,6 +343,35 @@ def test_no_worker_outlives_a_trainer_killed_with_sigkill(tmp_path, tiny_path, c
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_two_ctrl_cs_while_the_workers_start_exit_at_once_and_leave_nothing(tmp_path, tiny_path,
+                                                                             delay):
+    """What a terminal sends at two quick Ctrl-Cs, to the whole group, as the trainer starts its
+    worker (its launcher folder just made, then 0.3 s later): both notices, exit 130 without a
+    traceback, no process and no launcher folder left (issue 69, item 13)."""
+    import glob
+    import tempfile
+    run = str(tmp_path / "run")
+    proc = start(run, "--max-rounds", "400")
+    folder = os.path.join(tempfile.gettempdir(), f"replay-rl-{proc.pid}-*")
+    deadline = time.monotonic() + 120
+    while not glob.glob(folder) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert glob.glob(folder), proc.poll()
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "SIGINT: stopping to save a checkpoint" in err and "interrupted again" in err, err
+    assert "Traceback" not in err and "EOFError" not in err, err
+    assert session_gone(proc.pid)
+    assert glob.glob(folder) == []
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/dev/shm") or not sys.platform.startswith("linux"),
                     reason="POSIX named semaphores in /dev/shm, process groups")
 def test_a_sigkill_to_the_process_group_leaves_semaphores_that_the_next_start_unlinks(
