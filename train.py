@@ -334,7 +334,7 @@ class Config:
     warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
         "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "
-        "in demo/ and infra/demo_columns.safetensors)")
+        "in demo/: model.safetensors, columns.safetensors)")
     task: str = opt("addition", "'addition' / 'addition3' (embedded, 2- / 3-digit sums), 'columns' "
         "(embedded, 3-4 digit sums, the written work first), 'sums' (2-digit sums in words, for a "
         "real model such as smollm2; graded on the reply's last number), 'gsm8k' (openai/gsm8k) or "

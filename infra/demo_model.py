@@ -25,7 +25,7 @@ The written-work task's phase 1 stays at 3e-3: there every seed built converges.
 
 The default model of each task (warm-start seed 0) ships with the repository, so that every
 machine starts RL from the same weights: addition's as the Hugging Face folder ``demo/`` (which
-minimal.py loads with ``from_pretrained``), columns' as ``demo_columns.safetensors``. ``python -m
+minimal.py loads with ``from_pretrained``), columns' as ``demo/columns.safetensors``. ``python -m
 infra.demo_model --rebuild [--task columns]`` rebuilds those weights with this code (with the
 machine's threads: the shipped addition model was built with one thread, the columns one with two,
 and float rounding may differ). Other seeds and lengths are built on first use. Either way the
@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The default model of each embedded task (warm-start seed 0), shipped with the repository, and its
 # greedy accuracy on the 500 held-out prompts (tests/test_demo.py checks both).
 SHIPPED = {"addition2": os.path.join(os.path.dirname(HERE), "demo", "model.safetensors"),
-           "columns": os.path.join(HERE, "demo_columns.safetensors")}
+           "columns": os.path.join(os.path.dirname(HERE), "demo", "columns.safetensors")}
 SHIPPED_ACCURACY = {"addition2": 0.346, "columns": 0.242}
 
 
@@ -238,7 +238,7 @@ if __name__ == "__main__":
 
     import tasks
     parser = argparse.ArgumentParser(prog="python -m infra.demo_model", description="The embedded demo model: build (and cache) one, or "
-                                                 "rebuild a shipped one (demo/model.safetensors, demo_columns.safetensors).")
+                                                 "rebuild a shipped one (demo/model.safetensors, demo/columns.safetensors).")
     parser.add_argument("--rebuild", action="store_true",
                         help="warm-start the task's default model afresh and overwrite its shipped file")
     parser.add_argument("--task", default="addition", choices=("addition", "addition3", "columns"))

@@ -20,7 +20,7 @@ def columns():
 
 @pytest.fixture(scope="module")
 def columns_model(columns):
-    """The shipped warm start of the task (demo_columns.safetensors), with its tokenizer."""
+    """The shipped warm start of the task (demo/columns.safetensors), with its tokenizer."""
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(demo_model.tiny_model(columns)).eval(), demo_model.char_tokenizer()
 
