@@ -247,8 +247,10 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
         raise ValueError(f"the rollouts were sampled at T = {cols['temperature']}, "
                          f"not {temperature}")
     max_len = cols["completion_mask"].shape[1]
-    # collate's layout: the completions fill the last max_len columns, padded on the right
-    if not torch.equal(cols["attention_mask"][:, -max_len:].bool(), cols["completion_mask"] > 0):
+    # collate's layout: the completions fill the last max_len columns, padded on the right; each
+    # prompt ends in the column before them, padded on the left
+    if (not torch.equal(cols["attention_mask"][:, -max_len:].bool(), cols["completion_mask"] > 0)
+            or not cols["attention_mask"][:, -max_len - 1].bool().all()):
         raise ValueError("cols not laid out as collate's: build them with collate")
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],

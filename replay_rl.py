@@ -89,7 +89,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                 asymre_tau: float = 0.1, num_items_in_batch: int | None = None):
     """The off-policy policy-gradient loss of the module docstring. Returns (loss, metrics).
 
-    logp, behaviour_logp, mask: [batch, max_len]. advantage A: [batch], one per rollout. asymre
+    logp, behaviour_logp, mask: [batch, max_len]. logp must be log softmax(z_t / T) at the T mu
+    sampled at, as behaviour_logp is (completion_logp checks the rollouts' T; this function cannot:
+    at another T, rho != 1 on fresh data, silently). advantage A: [batch], one per rollout. asymre
     takes reward r and baseline V [batch] instead. is_cap = C, the cap of the importance sampling
     ("is_") weight. log mu is data, so it is detached here. A behaviour_logp that still carries a
     graph (from a forward run without torch.no_grad) gets no gradient through the ratio.
@@ -106,7 +108,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
                          f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
                          "one is out of range")
-    # what multiplies log pi_theta, [batch, 1]: A for tis and ppo, r - (V - tau) for asymre
+    # the advantage each token is weighed by, [batch, 1]: A for tis and ppo (ppo: times rho),
+    # r - (V - tau) for asymre
     term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)
     real = mask > 0         # to select (torch.where), never to multiply: NaN * 0 is NaN
     logp = torch.where(real, logp, 0.0)
@@ -276,13 +279,18 @@ def check_layout(cols: dict) -> None:
     # padded on its right, so those columns are attended exactly where completion_mask is 1; each
     # prompt ends in the column before them (padded on its left)
     max_len = completion[1]
-    if (not torch.equal(cols["attention_mask"][:, -max_len:].bool(),
-                        cols["completion_mask"].bool())
-            or not cols["attention_mask"][:, -max_len - 1].bool().all()):
+    attention = cols["attention_mask"]
+    if (not torch.equal(attention[:, -max_len:].bool(), cols["completion_mask"].bool())
+            or not attention[:, -max_len - 1].bool().all()):
         raise ValueError("cols are not collate's layout: the prompts must be padded on the left "
                          "and the completions fill the last max_len columns, padded on the right "
                          "(their attention_mask there equal to completion_mask): build them with "
                          "buffer.collate")
+    # positions count real tokens only, as generate numbers them under left padding (a model
+    # with learned positions scores other positions otherwise; rotary ones shift alike)
+    if not torch.equal(cols["position_ids"], (attention.long().cumsum(1) - 1).clamp(min=0)):
+        raise ValueError("cols' position_ids are not collate's (the real tokens counted from 0 "
+                         "in each row): build them with buffer.collate")
 
 
 def check_temperature(cols: dict, temperature: float) -> None:

@@ -112,6 +112,7 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     prompts' cache, each prompt token through the model once. Otherwise ``generate`` builds it
     from G copies of each prompt, the plain way. Both give the same tokens (tested).
     """
+    refuse_active_dropout(model)        # sampled with dropout: not the function the loss scores
     check_bos(tokenizer, prompts)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)        # the prompts carry their own special tokens
@@ -175,6 +176,7 @@ class BehaviourLogProbs(LogitsProcessor):
     """
 
     def __init__(self, model, generation_config: GenerationConfig):
+        refuse_active_dropout(model)
         refuse_sampling_changes(model, generation_config)
         # the T generate will sample at: the config's, if unset the model's own, else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature

@@ -102,9 +102,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     # B and S as this process holds them: all of them when it runs alone; under torchrun, with W
     # processes, its share, B/W and S/W
     B, S = distributed.share_size(cfg.batch_size), distributed.share_size(cfg.new_per_update)
-    update = replay_rl.update_step          # the step a reader studies
-    if engineered_update.needed(cfg, state.world_size):     # --micro-batch-size, float16, torchrun
-        update = engineered_update.update_step_for(cfg, state.world_size)    # the same step
+    update = the_update(cfg, state.world_size)      # replay_rl.update_step, the one you studied
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
         if state.first_accuracy is None:
             with stop.round(run, "the first eval"):
@@ -138,11 +136,19 @@ def train_with_workers(cfg: Config, task: tasks.Task, stop: stopping.StopRequest
     """--generators: the paper's asynchronous system (async_rl.train_async). Worker processes
     generate the rounds; this process stores them and takes the steps, with train()'s helpers."""
     run = setup(cfg, task, saved, stop)
-    update = engineered_update.update_step_for(cfg, run.state.world_size)
+    update = the_update(cfg, run.state.world_size)
     with stop.keeping(run, save):
         async_rl.train_async(run, sample_batch, functools.partial(take_step, update))
         stop_if_asked(run)
         return finish(run)
+
+
+def the_update(cfg: Config, world_size: int):
+    """replay_rl.update_step, the step a reader studies. With --micro-batch-size, float16 weights
+    or torchrun, the same step engineered (infra/engineered_update.py, tested equal)."""
+    if engineered_update.needed(cfg, world_size):
+        return engineered_update.engineered_step(cfg)
+    return replay_rl.update_step
 
 
 def draw_prompts(run: Run) -> list[str]:
@@ -163,12 +169,12 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
             shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
-    training_mode(run)
+    mode_for_steps(run)
     return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
 
 
-def training_mode(run: Run) -> None:
+def mode_for_steps(run: Run) -> None:
     """The mode the steps run in. Eval mode, as minimal.py's: no dropout, so the trained function
     is the one that sampled. Training mode only where --gradient-checkpointing needs it
     (transformers checkpoints only in training mode). load_policy set every dropout rate to 0,
@@ -314,7 +320,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, rng, out, state,
               reporter=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
               fast=fast)
-    training_mode(run)
+    mode_for_steps(run)
     stop.watch(run)
     return run
 

@@ -1,5 +1,5 @@
 """The engineering around replay_rl.update_step: the same step, the same gradient, with what a real
-run needs besides (train.py picks it with update_step_for when its flags need it; tests keep it
+run needs besides (train.py takes it where needed() says its flags need it; tests keep it
 equal to update_step):
 
     update_step_engineered     micro-batches (gradient accumulation), several processes (torchrun),
@@ -45,13 +45,10 @@ def needed(cfg, world_size: int = 1) -> bool:
             or world_size > 1)
 
 
-def update_step_for(cfg, world_size: int = 1):
-    """The step train.py takes, called as replay_rl.update_step is (the same arguments):
-    update_step itself unless the run needs the engineering (``needed``); then
-    update_step_engineered with those settings bound."""
+def engineered_step(cfg):
+    """update_step_engineered with the run's micro-batch size and float16 loss scale bound, called
+    as replay_rl.update_step is (the same arguments). train.py takes it where ``needed`` says."""
     micro = cfg.micro_batch_size if 0 < cfg.micro_batch_size < cfg.batch_size else 0
-    if not needed(cfg, world_size):
-        return replay_rl.update_step
     return functools.partial(update_step_engineered, micro_batch_size=micro,
                              loss_scale=FP16_LOSS_SCALE if cfg.dtype == "float16" else 1.0)
 

@@ -5,6 +5,7 @@ harness, the loop plain and running the update a reader studies, and every scrip
 starts from its documented path. Issue 66 removed the caps on lines per file and per function and
 on the README's bytes: they split the textbook into helpers."""
 import ast
+import dataclasses
 import functools
 import glob
 import os
@@ -140,14 +141,16 @@ def test_the_loop_is_plain_and_runs_the_update_the_reader_studies():
         tree = ast.parse(open(os.path.join(ROOT, path)).read())
         assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Yield, ast.YieldFrom))], path
     cfg = train.Config()
-    plain = engineered_update.update_step_for(cfg, 1)          # (a module reloaded by another
+    plain = train.the_update(cfg, 1)                            # (a module reloaded by another
     assert (plain.__module__, plain.__name__) == ("replay_rl", "update_step")   # test: by name)
-    assert isinstance(engineered_update.update_step_for(cfg, 2), functools.partial)  # torchrun
+    assert isinstance(train.the_update(cfg, 2), functools.partial)              # torchrun
+    assert not engineered_update.needed(cfg, 1) and engineered_update.needed(
+        dataclasses.replace(cfg, micro_batch_size=4), 1)
     source = open(os.path.join(ROOT, "train.py")).read()
     fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "train")
     body = ast.get_source_segment(source, fn)
     loop = body[body.index("while not budget_spent(run)"):]
-    assert "update = replay_rl.update_step" in body and "generators" not in body
+    assert "update = the_update(cfg" in body and "generators" not in body
     order = ["state.round += 1", "draw_prompts(", "generate(", "add_to_buffer(", "holds(run, B, S)",
              "for k in range(K)", "sample_batch(run, B)", "update(run.model", "record_step(",
              "held_out_eval(run)", "end_of_round(run)", "finish(run)"]

@@ -158,7 +158,8 @@ def test_behaviour_logprobs_by_hand_and_an_extra_step_dropped():
     from types import SimpleNamespace
 
     from transformers import GenerationConfig
-    model = SimpleNamespace(generation_config=GenerationConfig())      # the recorder reads its own
+    model = SimpleNamespace(generation_config=GenerationConfig(), training=False,   # no layers
+                            modules=lambda: [], named_modules=lambda: [])
     for extra_step in (False, True):
         rec = BehaviourLogProbs(model, GenerationConfig(do_sample=True, temperature=0.5, top_k=0))
         for t in range(4 if extra_step else 3):

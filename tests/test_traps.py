@@ -634,3 +634,66 @@ def test_reader5_trap3_minimal_policy_loss_refuses_a_cap_below_1():
             loss(*args, is_cap=0.2)
     assert minimal.policy_loss(*args, is_cap=1.0)[0].item() == pytest.approx(
         policy_loss(*args, is_cap=1.0)[0].item())
+
+
+# ---- a sixth reader's traps (docs/reviews/reader-2026-12-07-6.md), each on the bare piece -------
+def test_reader6_trap4_sample_completions_and_the_recorder_refuse_active_dropout(policy):
+    """Copied without generate_rollouts, sample_completions (or the recorder with one's own
+    generate) sampled a model in training mode with dropout (the reader's: LoRA's 0.1, rho 0.77 on
+    average on fresh rollouts), silently. Both refuse it now; in eval mode they sample."""
+    model, tokenizer = policy
+    attention = next(m for m in model.modules() if hasattr(m, "attention_dropout"))
+    attention.attention_dropout = 0.1
+    model.train()
+    config = GenerationConfig(**PLAIN_SAMPLING, max_new_tokens=3)
+    with pytest.raises(ValueError, match="dropout"):
+        rollout.sample_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
+                                   temperature=1.0)
+    with pytest.raises(ValueError, match="dropout"):
+        BehaviourLogProbs(model, config)
+    model.eval()
+    assert rollout.sample_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
+                                      temperature=1.0)[1].shape[0] == 2
+
+
+def test_reader6_trap5_minimal_completion_logp_refuses_a_prompt_padded_on_its_right(policy,
+                                                                                    addition):
+    """[p p p p pad pad | c c EOS]: the completions in collate's columns, a prompt padded on its
+    right scored the first completion token 2 nats off in minimal.py, silently (the module's
+    check_layout refused it). Both refuse it now."""
+    model, tokenizer = policy
+    model.eval()
+    torch.manual_seed(1)
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
+                                    num_generations=2, max_new_tokens=5, policy_version=0)
+    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    P = cols["input_ids"].shape[1] - cols["completion_mask"].shape[1]
+    short = next(i for i, r in enumerate(rollouts) if len(r.prompt_ids) < P)
+    ids, attention = cols["input_ids"].clone(), cols["attention_mask"].clone()
+    n = len(rollouts[short].prompt_ids)
+    ids[short, :P] = tokenizer.pad_token_id
+    ids[short, :n] = rollouts[short].prompt_ids
+    attention[short, :P] = 0
+    attention[short, :n] = 1
+    bad = dict(cols, input_ids=ids, attention_mask=attention)
+    with torch.no_grad():
+        for fn in (lambda c: completion_logp(model, c, 1.0),
+                   lambda c: minimal.completion_logp(model, c, 1.0)):
+            fn(cols)
+            with pytest.raises(ValueError, match="collate's"):
+                fn(bad)
+
+
+def test_reader6_trap7_check_layout_refuses_position_ids_that_count_the_padding(policy, addition):
+    """Hand-built cols with arange positions (padding counted): 0.18 nats off on a model with
+    learned positions, silently. check_layout refuses positions other than collate's."""
+    model, tokenizer = policy
+    model.eval()
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
+                                    num_generations=2, max_new_tokens=5, policy_version=0)
+    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    arange = torch.arange(cols["input_ids"].shape[1]).expand_as(cols["input_ids"])
+    assert not torch.equal(arange, cols["position_ids"])         # some row is padded
+    with pytest.raises(ValueError, match="position_ids"):
+        replay_rl.check_layout(dict(cols, position_ids=arange.clone()))
+    replay_rl.check_layout(cols)
