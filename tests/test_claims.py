@@ -423,10 +423,15 @@ def test_the_readme_states_issue67s_readings_as_their_jsons():
     rb, tb = r["bases"]["rollouts"], r["bases"]["tokens"]
     for said in (
             f"power {c['power']['saving_25pct']['at_look_alpha']:.2f} for a 25% saving",
-            f"broke even at {rb['break_even'][0]:.1f} on average, was higher at 90% below "
-            f"{rb['crossings']['low_90'][0]:.1f} (this CPU, {rb['marked']['cpu']['c']:.2f}: "
-            f"{claims.written(rb['marked']['cpu']['log_compute_ratio'], 'ratio')}), lower at none"):
+            f"At this CPU's ratio, {rb['marked']['cpu']['c']:.2f}, replay's compute to the target "
+            f"was {claims.written(rb['marked']['cpu']['log_compute_ratio'], 'ratio')} "
+            "on-policy's: more on average, but the interval holds 1, so not detected",
+            f"broke even with on-policy's at a ratio of {rb['break_even'][0]:.1f} on average",
+            "wholly above 1 (replay costs more) below a ratio of "
+            f"{rb['crossings']['low_90'][0]:.1f}, and wholly below 1 (replay saves) at no ratio"):
         assert said in section, said
+    lo, hi = rb["marked"]["cpu"]["ratio_90"]
+    assert lo < 1 < hi and rb["marked"]["cpu"]["ratio"] > 1     # "more on average ... holds 1"
     assert rb["crossings"]["high_90"] == [] and tb["crossings"]["high_90"][0] > 30
     assert c["exclusion_of_40pct"]["low_end_95"] < 0.6 < c["exclusion_of_40pct"]["low_end_90"]
     assert "a 40% saving excluded at 0.05 only" in section
