@@ -5,6 +5,10 @@ Read in this order:
   - group_advantages: A within each group of G.
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
   - sample_completions and its recorder BehaviourLogProbs: log mu with no second forward.
+    minimal.py takes log mu the simplest way, a no-grad forward after generate. The recorder saves
+    that forward (about a third of a round) by reading the logits generate samples from; it relies
+    on the order in which transformers 5.x runs its logits processors, which its guard checks
+    (check_caller). To learn the method, minimal.py's way is enough.
 Below them come the guards, after a marker line. They refuse whatever would make generate sample
 from another distribution than the recorded one. Then comes the engineering that gives the same
 samples faster (each prompt prefilled once), and the greedy evals.
