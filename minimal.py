@@ -31,9 +31,9 @@ Where this file departs from the paper (train.py offers each of the paper's choi
     60, G = 16.
   - Synchronous rounds: generate, then train. In the paper, workers generate while the trainer
     trains (train.py --generators n, async_rl.py).
-  - log mu comes from a second, no-grad forward after generate. Here that costs about a third of a
-    round. train.py records log mu while generate samples (rollout.BehaviourLogProbs), with no
-    second forward.
+  - log mu comes from a second, no-grad forward after generate: one more forward over every
+    sampled sequence, without a backward. train.py records it while generate samples
+    (rollout.BehaviourLogProbs), with no second forward.
 Each piece below equals its counterpart in rollout.py, buffer.py or replay_rl.py on the same inputs
 (tests/test_minimal.py).
 """
@@ -248,9 +248,11 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
                          f"not {temperature}")
     max_len = cols["completion_mask"].shape[1]
     # collate's layout: the completions fill the last max_len columns, padded on the right; each
-    # prompt ends in the column before them, padded on the left
-    if (not torch.equal(cols["attention_mask"][:, -max_len:].bool(), cols["completion_mask"] > 0)
-            or not cols["attention_mask"][:, -max_len - 1].bool().all()):
+    # prompt ends in the column before them, padded on the left; positions count real tokens
+    mask = cols["attention_mask"]
+    if (not torch.equal(mask[:, -max_len:].bool(), cols["completion_mask"] > 0)
+            or not mask[:, -max_len - 1].bool().all()
+            or not torch.equal(cols["position_ids"], (mask.cumsum(1) - 1).clamp(min=0))):
         raise ValueError("cols not laid out as collate's: build them with collate")
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],
@@ -304,8 +306,10 @@ def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: 
 def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: int) -> float:
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                              eos_token_id=tokenizer.eos_token_id,
+    # the argmax of z_t, with a model's own penalties (an instruct model's repetition_penalty) off
+    config = GenerationConfig(do_sample=False, num_beams=1, repetition_penalty=1.0,
+                              no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0,
+                              max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                               pad_token_id=tokenizer.pad_token_id)
     completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)

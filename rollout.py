@@ -6,9 +6,9 @@ Read in this order:
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
   - sample_completions and its recorder BehaviourLogProbs: log mu with no second forward.
     minimal.py takes log mu the simplest way, a no-grad forward after generate. The recorder saves
-    that forward (about a third of a round) by reading the logits generate samples from; it relies
-    on the order in which transformers 5.x runs its logits processors, which its guard checks
-    (check_caller). To learn the method, minimal.py's way is enough.
+    that forward (one over every sampled sequence) by reading the logits generate samples from;
+    it relies on the order in which transformers 5.x runs its logits processors, which its guard
+    checks (check_caller). To learn the method, minimal.py's way is enough.
 Below them come the guards, after a marker line. They refuse whatever would make generate sample
 from another distribution than the recorded one. Then comes the engineering that gives the same
 samples faster (each prompt prefilled once), and the greedy evals.
@@ -259,6 +259,11 @@ PLAIN_SAMPLING = dict(do_sample=True, num_beams=1, top_k=0, top_p=1.0, typical_p
                       epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
                       encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
                       encoder_no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0)
+# the greedy evals' decoding: the argmax of z_t, none of a model's own penalties (an instruct
+# model's repetition_penalty would otherwise apply to "greedy" accuracy)
+PLAIN_GREEDY = dict(do_sample=False, num_beams=1, repetition_penalty=1.0,
+                    encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+                    encoder_no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0)
 # settings that act whenever they are set (None: off), so a model's own is refused, not overridden
 SET_TO_ACT = ("min_p", "top_h", "bad_words_ids", "sequence_bias", "suppress_tokens",
               "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
@@ -433,7 +438,7 @@ def greedy_rewards(model, tokenizer, prompts: list[str], reward_fns: dict, *, ma
     device = next(model.parameters()).device
     check_bos(tokenizer, prompts)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+    gen_config = GenerationConfig(**PLAIN_GREEDY, max_new_tokens=max_new_tokens,
                                   eos_token_id=eos_ids, pad_token_id=pad_id)
     totals = dict.fromkeys(reward_fns, 0.0)
     for start in range(0, len(prompts), prompts_per_call):

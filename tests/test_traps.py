@@ -697,3 +697,39 @@ def test_reader6_trap7_check_layout_refuses_position_ids_that_count_the_padding(
     with pytest.raises(ValueError, match="position_ids"):
         replay_rl.check_layout(dict(cols, position_ids=arange.clone()))
     replay_rl.check_layout(cols)
+
+
+# ---- a seventh reader's traps (docs/reviews/reader-2026-12-07-7.md) ------------------------------
+def test_reader7_the_greedy_evals_ignore_a_models_own_penalties(policy, addition):
+    """A model whose generation_config sets repetition_penalty 3.0 (Qwen2.5-Instruct ships one)
+    took 'greedy' accuracy with the penalty applied (0.373 -> 0.207 on the reader's), silently.
+    Both greedy evals now decode the plain argmax: the same accuracy with and without it."""
+    model, tokenizer = policy
+    model.eval()
+    prompts = addition.eval_prompts[:40]
+    found = {}
+    for penalty in (None, 3.0):
+        model.generation_config.repetition_penalty = penalty
+        found[penalty] = (rollout.greedy_accuracy(model, tokenizer, prompts, addition.reward,
+                                                  max_new_tokens=addition.max_new_tokens),
+                          minimal.evaluate(model, tokenizer, prompts, addition.reward,
+                                           addition.max_new_tokens))
+    model.generation_config.repetition_penalty = None
+    assert found[None] == found[3.0], found
+    assert found[None][0] == found[None][1]
+
+
+def test_reader7_minimal_completion_logp_refuses_positions_that_count_the_padding(policy,
+                                                                                  addition):
+    """Positions counting the padding scored 0.4-0.6 nats off on learned positions in minimal.py,
+    silently (the module refused them). minimal.completion_logp refuses them now."""
+    model, tokenizer = policy
+    model.eval()
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
+                                    num_generations=2, max_new_tokens=5, policy_version=0)
+    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    arange = torch.arange(cols["input_ids"].shape[1]).expand_as(cols["input_ids"]).clone()
+    with torch.no_grad():
+        minimal.completion_logp(model, cols, 1.0)
+        with pytest.raises(ValueError, match="collate's"):
+            minimal.completion_logp(model, dict(cols, position_ids=arange), 1.0)
