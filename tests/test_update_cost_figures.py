@@ -43,6 +43,14 @@ def test_the_step_against_trl_and_the_decode_split():
     assert decode["cpu_over_wall"] > 0.95
     assert f"the matmul kernels are {matmul:.0%} of it" in text
     assert f"at most the other {1 - matmul:.0%}" in text
+    loop = results("decode_loop_cpu.json")
+    median = loop["median_cpu_s"]
+    assert loop["generate_overhead"] == round(1 - median["bare"] / median["generate"], 3) < 0.2
+    assert "cores quiet" in loop["note"] and loop["settings"]["threads"] == 1
+    assert (f"is {loop['generate_overhead']:.1%}: the same\n48 decode steps".replace("\n", " ")
+            in text), loop["generate_overhead"]
+    assert (f"took {median['generate']:.2f} CPU s through `generate` and {median['bare']:.2f} s"
+            in text)
 
 
 def test_the_bfloat16_figures():
