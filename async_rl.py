@@ -65,14 +65,14 @@ def train_async(run, sample_batch, take_step) -> None:
             arrived = None
             if cfg.step_when_held:                  # the paper's trainer: it steps while it waits
                 while ((arrived := workers.take_round(wait=False)) is None
-                       and step(run, workers, sample_batch, take_step)):
+                       and one_step(run, workers, sample_batch, take_step)):
                     pass
             arrived = arrived or workers.take_round(wait=True)     # the next round (waits)
             if arrived is None:                     # a stop, asked while it waited
                 return
             steps = store(run, *arrived)            # buffer.add; the steps it makes due
             for k in range(steps):
-                if not step(run, workers, sample_batch, take_step):    # too few left: the
+                if not one_step(run, workers, sample_batch, take_step):    # too few left: the
                     state.lapsed_updates += steps - k                 # rest lapse, counted
                     break
             workers.account(state)                  # the time split, into the round's figures
@@ -128,7 +128,7 @@ def store(run, rollouts: list[Rollout], gen: dict) -> int:
     return cfg.updates_per_round if held else 0
 
 
-def step(run, workers, sample_batch, take_step) -> bool:
+def one_step(run, workers, sample_batch, take_step) -> bool:
     """One optimizer step on B rollouts from the buffer, if it holds them and a round has arrived
     (a resumed buffer is not stepped on while the workers load their models); else False. The room
     the step frees is ordered first (generated during the step); the weights are published every

@@ -310,6 +310,10 @@ def check_caller(recorder: BehaviourLogProbs, length: int) -> None:
     recorder_call = sys._getframe(1)        # BehaviourLogProbs.__call__
     processors = recorder_call.f_back.f_locals.get("self")      # LogitsProcessorList.__call__
     decoding_loop = recorder_call.f_back.f_back                  # generate's _sample
+    loop_name = decoding_loop.f_code.co_name if decoding_loop else None
+    if isinstance(processors, LogitsProcessorList) and loop_name == "_beam_search":
+        raise ValueError("generate is running beam search (num_beams > 1, given to generate): "
+                         "BehaviourLogProbs records sampling only (num_beams=1)")
     check_processors(processors, recorder, length,
                      decoding_loop.f_locals.get("do_sample") if decoding_loop else None)
 

@@ -423,7 +423,8 @@ def test_the_readme_states_issue67s_readings_as_their_jsons():
     rb, tb = r["bases"]["rollouts"], r["bases"]["tokens"]
     for said in (
             f"power {c['power']['saving_25pct']['at_look_alpha']:.2f} for a 25% saving",
-            f"At this CPU's ratio, {rb['marked']['cpu']['c']:.2f}, replay's compute to the target "
+            f"At SmolLM2's ratio on this CPU, {rb['marked']['cpu']['c']:.2f}, replay's compute to "
+            "the target "
             f"was {claims.written(rb['marked']['cpu']['log_compute_ratio'], 'ratio')} "
             "on-policy's: more on average, but the interval holds 1, so not detected",
             f"broke even with on-policy's at a ratio of {rb['break_even'][0]:.1f} on average",

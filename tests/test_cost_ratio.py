@@ -146,7 +146,7 @@ def test_the_end_of_run_summary_says_where_the_runs_cost_ratio_stands(capsys):
         out = capsys.readouterr().out
         assert f"generation/training cost ratio {gen / 10:.2f}: seconds to generate one" in out
         assert (f"replay (y = 2) broke even with on-policy at a cost ratio of 6.7 on SmolLM2-135M"
-                in out and f"this run's is {where} it" in out)
+                in out and f"not of this run, whose ratio is {where} it" in out)
 
 
 def test_fewer_than_two_paired_seeds_is_refused_in_one_line(monkeypatch, capsys):

@@ -525,26 +525,34 @@ def test_t4_collate_refuses_prompt_ids_that_carry_padding(policy, addition):
 
 def test_t5_the_recorder_refuses_beam_search(policy):
     """T5: generate(num_beams=2, num_return_sequences=2) passed as keywords added no processor the
-    recorder saw, and the log mu it returned was of other rows (4.4 nats off). finish() now checks
-    that the completions are the tokens it gathered, call by call, and refuses."""
+    recorder saw, and the log mu it returned was of other rows (4.4 nats off). finish() checks that
+    the completions are the tokens it gathered, call by call; and since a seventh reader found
+    generate(num_beams=2) alone dying of an unrelated stack error before finish, the recorder's
+    first call refuses a beam-search decoding loop by name."""
     from transformers import GenerationConfig, LogitsProcessorList
     model, tokenizer = policy
     enc = tokenizer(["12+34=", "5+6="], return_tensors="pt", padding=True, add_special_tokens=False)
     config = GenerationConfig(**rollout.PLAIN_SAMPLING, temperature=1.0, max_new_tokens=4,
                               eos_token_id=[tokenizer.eos_token_id],
                               pad_token_id=tokenizer.pad_token_id)
-    for beams in ({}, {"num_beams": 2, "num_return_sequences": 2}):
+    for beams in ({}, {"num_beams": 2, "num_return_sequences": 2}, {"num_beams": 2}):
         recorder = BehaviourLogProbs(model, config)
         torch.manual_seed(0)
-        out = model.generate(**enc, generation_config=config,
-                             logits_processor=LogitsProcessorList([recorder]), **beams)
-        completions = out[:, enc.input_ids.shape[1]:]
-        if not beams:
-            logp, _ = recorder.finish(completions)              # sampling: recorded, row by row
-            assert logp.shape == completions.shape
+        generate = lambda: model.generate(**enc, generation_config=config,       # noqa: E731
+                                          logits_processor=LogitsProcessorList([recorder]),
+                                          **beams)
+        if beams:
+            with pytest.raises(ValueError, match="beam search"):
+                generate()
             continue
+        completions = generate()[:, enc.input_ids.shape[1]:]
+        logp, _ = recorder.finish(completions)                  # sampling: recorded, row by row
+        assert logp.shape == completions.shape
+        recorder = BehaviourLogProbs(model, config)              # rows that are not those gathered
+        recorder(enc.input_ids, torch.zeros(2, len(tokenizer)))
+        recorder(torch.cat([enc.input_ids, completions[:, :1]], 1), torch.zeros(2, len(tokenizer)))
         with pytest.raises(ValueError, match="generate reordered its rows"):
-            recorder.finish(completions)
+            recorder.finish((completions[:, :1] + 1) % len(tokenizer))
 
 
 def test_a_mixture_of_experts_router_jitter_is_found_zeroed_and_refused():
