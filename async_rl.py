@@ -24,10 +24,10 @@ processes, queues and weight sharing sit in infra/workers.py (``Generators`` on 
             publishes the weights
             eval and checkpoint when due
 
-K and S count as in the synchronous loop: K steps for each round that arrives (S = 0), or K for
-every S new rollouts stored. Unlike it, every round that arrives is stored whole (the synchronous
-loop stores at most the S new ones it needs), and --learning-starts is the synchronous loop's
-only. Three flags are this loop's own: --step-when-held, the paper's trainer: a step whenever the
+K counts as in the synchronous loop: K steps for each round that arrives (S = 0). S does not: here
+it means K steps for every S new rollouts stored, of whatever version (the synchronous loop waits
+for S rollouts of the current policy and stores no more than it needs). Every round that arrives
+is stored whole, and --learning-starts is the synchronous loop's only. Three flags are this loop's own: --step-when-held, the paper's trainer: a step whenever the
 buffer holds B, K and S aside, so that the replay ratio is set by the two speeds (measured, not
 chosen), up to --max-uses U (default 4: a rollout used U times leaves, so that a pause of
 generation cannot turn into unbounded reuse; 0, the paper's uncapped form); --max-lag, with it;

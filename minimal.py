@@ -123,6 +123,15 @@ def refuse_acting_settings(model) -> None:
 
 
 # ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
+def end_ids(model, tokenizer) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS, and any the model's generation_config
+    lists (a chat model often ends its turn with another token, e.g. Llama-3's <|eot_id|>)."""
+    listed = model.generation_config.eos_token_id
+    listed = [listed] if isinstance(listed, int) else list(listed or [])
+    return sorted({tokenizer.eos_token_id, *listed} - {None})
+
+
+
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
                       max_new_tokens: int, temperature: float, policy_version: int):
@@ -133,7 +142,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
-    eos = tokenizer.eos_token_id
+    eos = end_ids(model, tokenizer)
     # Each common setting that changes the distribution away from softmax(z_t / T) is set to its
     # neutral value here. generate would fill any setting left unset from the model's own
     # generation_config (an instruct model's repetition_penalty, top_k, top_p), then from its
@@ -150,10 +159,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
     sequences = model.generate(**enc, generation_config=config)       # [P*G, prompt_len + new]
     prompt_len = enc.input_ids.shape[1]
     completions = sequences[:, prompt_len:]
-    # A completion keeps its tokens up to and including its first EOS, or all of them if it has
-    # none. After the EOS, generate pads with the pad id, which may equal EOS. So the mask is by
+    # A completion keeps its tokens up to and including its first end token, or all of them if it
+    # has none. After the EOS, generate pads with the pad id, which may equal EOS. So the mask is by
     # position, not by id.
-    is_eos = completions == eos
+    is_eos = torch.isin(completions, torch.tensor(eos))
     length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
     mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
     # log mu(o_t) = log softmax(z_t / T)[o_t], where z_t are the logits one position left of o_t.
@@ -309,7 +318,7 @@ def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: in
     # the argmax of z_t, with a model's own penalties (an instruct model's repetition_penalty) off
     config = GenerationConfig(do_sample=False, num_beams=1, repetition_penalty=1.0,
                               no_repeat_ngram_size=0, min_new_tokens=0, guidance_scale=1.0,
-                              max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                              max_new_tokens=max_new_tokens, eos_token_id=end_ids(model, tokenizer),
                               pad_token_id=tokenizer.pad_token_id)
     completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)

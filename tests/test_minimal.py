@@ -346,3 +346,22 @@ def test_minimal_scores_at_the_temperature_it_sampled_at_or_refuses(demo, sample
     mixed[1].temperature = 0.7
     with pytest.raises(ValueError, match="different temperatures"):
         minimal.collate(mixed, tokenizer.pad_token_id)
+
+
+def test_a_completion_ends_at_any_end_id_the_model_lists(demo):
+    """A chat model may end its turn with an id its generation_config lists beside the tokenizer's
+    EOS (Llama-3's <|eot_id|>). minimal.py stopped only at the tokenizer's EOS and trained on what
+    followed (an eighth reader: 4 of 12 completions ran past it). Here the digit '1' is listed as
+    an end id: every completion ends at its first end id, as rollout.generate_rollouts' do."""
+    model, tokenizer = demo
+    one = tokenizer.convert_tokens_to_ids("1")
+    listed = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, one]
+    try:
+        torch.manual_seed(3)
+        mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:4], **ARGS)
+    finally:
+        model.generation_config.eos_token_id = listed
+    ends = torch.tensor([tokenizer.eos_token_id, one])
+    assert not any(torch.isin(r.completion_ids[:-1], ends).any() for r in mine)
+    assert any(r.completion_ids[-1] == one for r in mine)             # the listed id did end some
