@@ -73,8 +73,9 @@ def build_parser(config_class, description: str = "", explicit_only: bool = Fals
         default = argparse.SUPPRESS if explicit_only else f.default
         own = f" ({model}'s default: {shown[f.name]})" if f.name in shown else ""
         if isinstance(f.default, bool):
+            on_off = f" (default: {'on' if f.default else 'off'})"
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=f.metadata["help"] + own)
+                                help=f.metadata["help"] + (own or on_off))
         else:
             # a field with choices shows them ({tis,ppo,asymre}); the others their type (INT)
             extra = ({"choices": f.metadata["choices"]} if "choices" in f.metadata

@@ -433,3 +433,17 @@ def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
     value, check = MINIMAL[name]
     w.result = minimal.main(**{name: value(w)})
     assert check(w), name
+
+
+def test_help_shows_each_on_off_flag_s_default(capsys):
+    """Four readers found --help silent on the defaults of its on/off flags (--reuse,
+    --shared-prefix, ...): each now says '(default: on)' or '(default: off)', as its Config has it."""
+    import dataclasses
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    flags = [f for f in dataclasses.fields(train.Config) if isinstance(f.default, bool)]
+    assert len(flags) >= 12
+    for f in flags:
+        help_text = " ".join(f.metadata["help"].split())
+        assert f"{help_text} (default: {'on' if f.default else 'off'})" in text, f.name
