@@ -65,7 +65,6 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         (prefill_once);
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
         (train.py passes it with --fast-generation)."""
-    refuse_active_dropout(model)
     G = num_generations
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -116,7 +115,6 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     prompts' cache, each prompt token through the model once. Otherwise ``generate`` builds it
     from G copies of each prompt, the plain way. Both give the same tokens (tested).
     """
-    refuse_active_dropout(model)        # sampled with dropout: not the function the loss scores
     check_bos(tokenizer, prompts)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                     add_special_tokens=False)        # the prompts carry their own special tokens
@@ -130,7 +128,8 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    recorder = BehaviourLogProbs(model, gen_config)     # it refuses what would change mu
+    # the recorder refuses what would change mu (active dropout included), before any model work
+    recorder = BehaviourLogProbs(model, gen_config)
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
