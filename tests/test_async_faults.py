@@ -98,18 +98,24 @@ def test_a_resume_takes_no_step_before_a_round_arrives(tmp_path, tiny_path):
     assert most <= 4
 
 
+def workers_run(tiny_path, generators: int):
+    """What Generators reads of train.Run: a small config, the demo policy (LoRA r 4), a
+    StopRequest, no loop state, a reporter whose clock reads 0."""
+    from infra.policy import load_policy
+    model, _ = load_policy(tiny_path, lora_r=4)
+    cfg = train.Config(generators=generators, buffer_size=16, batch_size=16, prompts_per_round=2,
+                       num_generations=8)
+    return types.SimpleNamespace(cfg=cfg, model=model, stop=stopping.StopRequest(), state=None,
+                                 reporter=types.SimpleNamespace(tick=lambda state: 0.0),
+                                 pause_workers=contextlib.nullcontext)
+
+
 @linux
 def test_a_ctrl_c_while_the_workers_start_is_kept(monkeypatch, tiny_path):
     """A real SIGINT to the trainer while it starts its workers (sent from inside Process.start):
     the stop is requested once they are started, not lost."""
-    from infra.policy import load_policy
-    model, _ = load_policy(tiny_path, lora_r=4)
-    cfg = train.Config(generators=1, buffer_size=16, batch_size=16, prompts_per_round=2,
-                       num_generations=8)
-    stop = stopping.StopRequest()
-    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stop, state=None,
-                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
-                                pause_workers=contextlib.nullcontext)
+    run = workers_run(tiny_path, generators=1)
+    stop = run.stop
     start_process = multiprocessing.context.SpawnProcess.start
 
     def start_with_a_ctrl_c(self):
@@ -143,13 +149,7 @@ def test_a_start_cut_short_leaves_no_worker_and_no_launcher_folder(monkeypatch, 
     the way out; it was left for the next start to remove (issue 69, item 13)."""
     import glob
     import tempfile
-    from infra.policy import load_policy
-    model, _ = load_policy(tiny_path, lora_r=4)
-    cfg = train.Config(generators=2, buffer_size=16, batch_size=16, prompts_per_round=2,
-                       num_generations=8)
-    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stopping.StopRequest(), state=None,
-                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
-                                pause_workers=contextlib.nullcontext)
+    run = workers_run(tiny_path, generators=2)
     start_process, started = multiprocessing.context.SpawnProcess.start, []
 
     def second_start_interrupted(self):
@@ -177,13 +177,7 @@ def test_a_second_ctrl_c_while_the_workers_stop_kills_them_and_removes_the_folde
     KeyboardInterrupt goes on (issue 69, item 13: the folder was left for the next start)."""
     import glob
     import tempfile
-    from infra.policy import load_policy
-    model, _ = load_policy(tiny_path, lora_r=4)
-    cfg = train.Config(generators=1, buffer_size=16, batch_size=16, prompts_per_round=2,
-                       num_generations=8)
-    run = types.SimpleNamespace(cfg=cfg, model=model, stop=stopping.StopRequest(), state=None,
-                                reporter=types.SimpleNamespace(tick=lambda state: 0.0),
-                                pause_workers=contextlib.nullcontext)
+    run = workers_run(tiny_path, generators=1)
     monkeypatch.setattr(worker_processes.Generators, "account", lambda self, state: None)
     mine = os.path.join(tempfile.gettempdir(), f"replay-rl-{os.getpid()}-*")
     join = multiprocessing.process.BaseProcess.join

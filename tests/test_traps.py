@@ -578,6 +578,17 @@ def test_a_mixture_of_experts_router_jitter_is_found_zeroed_and_refused():
 
 
 # ---- a fifth reader's traps (docs/reviews/reader-2026-12-07-5.md), each on the bare function ----
+def two_prompt_batch(model, tokenizer, reward, G: int = 2, seed: int | None = None):
+    """(rollouts, collate's cols) of G fresh samples of two prompts of different lengths (left
+    padding in play), the model in eval mode."""
+    model.eval()
+    if seed is not None:
+        torch.manual_seed(seed)
+    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], reward,
+                                    num_generations=G, max_new_tokens=5, policy_version=0)
+    return rollouts, collate(rollouts, tokenizer.pad_token_id, 0)
+
+
 def right_padded(cols: dict, rollouts: list, pad_id: int) -> dict:
     """The reader's own collate: each row prompt + completion, padded on the right, the same
     shapes and completion_mask as collate's (its T1)."""
@@ -594,11 +605,7 @@ def test_reader5_trap1_a_right_padded_batch_is_refused_by_both_completion_logps(
     """Rows padded on the right (prompts of different lengths) scored log pi 20 nats off log mu,
     silently: both completion_logps now check where the tokens are, not only the shapes."""
     model, tokenizer = policy
-    model.eval()
-    torch.manual_seed(1)
-    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
-                                    num_generations=2, max_new_tokens=5, policy_version=0)
-    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    rollouts, cols = two_prompt_batch(model, tokenizer, addition.reward, seed=1)
     own = right_padded(cols, rollouts, tokenizer.pad_token_id)
     assert not torch.equal(own["input_ids"], cols["input_ids"])       # the layouts differ
     with torch.no_grad():
@@ -615,9 +622,7 @@ def test_reader5_trap2_max_grad_norm_0_is_refused_by_both_steps(policy, addition
     reported grad_norm (before clipping) looked healthy. Refused; inf (no clip) takes the step."""
     from infra.engineered_update import update_step_engineered
     model, tokenizer = policy
-    model.eval()
-    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
-                                    num_generations=4, max_new_tokens=5, policy_version=0)
+    rollouts, _ = two_prompt_batch(model, tokenizer, addition.reward, G=4)
     rollouts = [dataclasses.replace(r, advantage=(-1.0) ** i) for i, r in enumerate(rollouts)]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=0.1)
@@ -670,11 +675,7 @@ def test_reader6_trap5_minimal_completion_logp_refuses_a_prompt_padded_on_its_ri
     right scored the first completion token 2 nats off in minimal.py, silently (the module's
     check_layout refused it). Both refuse it now."""
     model, tokenizer = policy
-    model.eval()
-    torch.manual_seed(1)
-    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
-                                    num_generations=2, max_new_tokens=5, policy_version=0)
-    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    rollouts, cols = two_prompt_batch(model, tokenizer, addition.reward, seed=1)
     P = cols["input_ids"].shape[1] - cols["completion_mask"].shape[1]
     short = next(i for i, r in enumerate(rollouts) if len(r.prompt_ids) < P)
     ids, attention = cols["input_ids"].clone(), cols["attention_mask"].clone()
@@ -696,10 +697,7 @@ def test_reader6_trap7_check_layout_refuses_position_ids_that_count_the_padding(
     """Hand-built cols with arange positions (padding counted): 0.18 nats off on a model with
     learned positions, silently. check_layout refuses positions other than collate's."""
     model, tokenizer = policy
-    model.eval()
-    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
-                                    num_generations=2, max_new_tokens=5, policy_version=0)
-    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    rollouts, cols = two_prompt_batch(model, tokenizer, addition.reward)
     arange = torch.arange(cols["input_ids"].shape[1]).expand_as(cols["input_ids"])
     assert not torch.equal(arange, cols["position_ids"])         # some row is padded
     with pytest.raises(ValueError, match="position_ids"):
@@ -732,10 +730,7 @@ def test_reader7_minimal_completion_logp_refuses_positions_that_count_the_paddin
     """Positions counting the padding scored 0.4-0.6 nats off on learned positions in minimal.py,
     silently (the module refused them). minimal.completion_logp refuses them now."""
     model, tokenizer = policy
-    model.eval()
-    rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], addition.reward,
-                                    num_generations=2, max_new_tokens=5, policy_version=0)
-    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    rollouts, cols = two_prompt_batch(model, tokenizer, addition.reward)
     arange = torch.arange(cols["input_ids"].shape[1]).expand_as(cols["input_ids"]).clone()
     with torch.no_grad():
         minimal.completion_logp(model, cols, 1.0)
