@@ -2,8 +2,8 @@
 its buffer. The two loops come first (``train_async``, the trainer; ``worker_loop``, a worker),
 then the trainer's rules (how many steps a round makes due, when to order a round, one step). The
 processes, queues and weight sharing sit in infra/workers.py (``Generators`` on the trainer's side,
-``WorkerLink`` on a worker's). It holds nothing of the method, but the rules below call its
-``Generators`` by name (outstanding, delivered, published, take_round): read its class docstring.
+``WorkerLink`` on a worker's). It holds nothing of the method; what the rules below read of its
+``Generators`` is listed at the end of this docstring.
 
     python train.py --generators 1          # one worker process generates while the trainer steps
 
@@ -20,20 +20,28 @@ processes, queues and weight sharing sit in infra/workers.py (``Generators`` on 
             (--step-when-held: step while no round has arrived)
             take the next round that arrived -> buffer.add
             its steps, as in the synchronous loop: K once the buffer holds B (with S: K for every
-            S new ones); each samples B, takes one optimizer step and every --sync-every steps
+            S stored); each samples B, takes one optimizer step and every --sync-every steps
             publishes the weights
             eval and checkpoint when due
 
-K counts as in the synchronous loop: K steps for each round that arrives (S = 0). S does not: here
-it means K steps for every S new rollouts stored, of whatever version (the synchronous loop waits
-for S rollouts of the current policy and stores no more than it needs). Every round that arrives
-is stored whole, and --learning-starts is the synchronous loop's only. Three flags are this loop's own: --step-when-held, the paper's trainer: a step whenever the
-buffer holds B, K and S aside, so that the replay ratio is set by the two speeds (measured, not
-chosen), up to --max-uses U (default 4: a rollout used U times leaves, so that a pause of
-generation cannot turn into unbounded reuse; 0, the paper's uncapped form); --max-lag, with it;
-and --lockstep, which orders each round only once the weights of every step before it are
-published: each rollout is then trained on at age 0 with rho = 1, as in the synchronous loop (a
-check of exactness, not a way to train).
+K and S count as in the synchronous loop: K steps for each round that arrives (S = 0), or K steps
+for every S rollouts stored (S > 0). Two things differ, because the workers sample while the
+trainer steps. Every round that arrives is stored whole, and the count of stored rollouts carries
+over (the synchronous loop stores just the S it needs and drops the rest of the round). And a
+stored rollout may be of an older policy than the trainer's. --learning-starts is the synchronous
+loop's only. Three flags are this loop's own:
+  --step-when-held, the paper's trainer: a step whenever the buffer holds B, K and S aside, so
+    that the two speeds set the replay ratio (measured, not chosen), up to --max-uses U (default
+    4: a rollout used U times leaves, so that a pause of generation cannot turn into unbounded
+    reuse; 0 is the paper's uncapped form); --max-lag goes with it;
+  --lockstep orders each round only once the weights of every step before it are published: each
+    rollout is then trained on at age 0 with rho = 1, as in the synchronous loop (a check of
+    exactness, not a way to train).
+What the rules below read of ``workers`` (infra/workers.py's Generators): ``outstanding``, the
+rounds ordered and not yet arrived; ``delivered``, whether any round has arrived; ``published``,
+the version of the weights published last; ``order(prompts)``, ``take_round(wait)``,
+``publish(model, step)``, ``account(state)`` (the time split, into the figures), and
+``trainer_at(step)``, which tells a worker past --max-lag to wait.
 Async runs are not bit-reproducible: which version a worker samples with, and which rounds
 arrive before a step, depend on how fast each process runs. A worker waits for an order (none
 while the buffer has no room for a round unused, or rounds_ahead rounds are on their way) and,
@@ -106,7 +114,7 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
 def store(run, rollouts: list[Rollout], gen: dict) -> int:
     """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
     drops), counted, its row. Returns the optimizer steps it makes due, as in the synchronous
-    loop: K for every S new rollouts stored (S > 0), else K once the buffer holds B; with
+    loop: K for every S rollouts stored (S > 0), else K once the buffer holds B; with
     --step-when-held one (the trainer steps on while it waits for the next round). (--lockstep
     comes with S = 0: cli.py refuses it with S.)"""
     cfg, state = run.cfg, run.state
@@ -120,7 +128,7 @@ def store(run, rollouts: list[Rollout], gen: dict) -> int:
     held = len(run.buffer) >= cfg.batch_size
     if cfg.step_when_held:
         return int(held)
-    if cfg.new_per_update:                          # K for every S new ones
+    if cfg.new_per_update:                          # K for every S stored
         state.new_since_step += stored
         due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)
         return cfg.updates_per_round * due

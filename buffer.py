@@ -37,11 +37,11 @@ class Rollout:
                      generation time and never recomputed.
     policy_version:  the version of the policy that generated it: the optimizer steps taken so
                      far, a skipped NaN/inf step included (ages count every step tried)
-    baseline:        V, the mean reward of its group. AsymRE's r - (V - tau) needs it.
-    temperature:     the T it was sampled at. The loss must take log pi_theta at the same T.
+    baseline:        V, the mean reward of its group. Only asymre's r - (V - tau) reads it (tis
+                     and ppo read A). No default: a default of 0 would pass asymre silently.
+    temperature:     the T it was sampled at. The loss must take log pi_theta at the same T. No
+                     default: a default of 1 would pass the loss's temperature check silently.
     uses:            how many training batches it has been part of so far
-    baseline and temperature have no default. The loss reads both, and a default of 0 or 1 would
-    pass its guards silently (AsymRE's coefficient, the temperature check).
     """
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor

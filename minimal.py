@@ -33,9 +33,12 @@ Where this file departs from the paper (train.py offers each of the paper's choi
     trains (train.py --generators n, async_rl.py).
   - log mu comes from a second, no-grad forward after generate: one more forward over every
     sampled sequence, without a backward. train.py records it while generate samples
-    (rollout.BehaviourLogProbs), with no second forward.
-Each piece below equals its counterpart in rollout.py, buffer.py or replay_rl.py on the same inputs
-(tests/test_minimal.py).
+    (rollout.BehaviourLogProbs), with no second forward; rollout.generate_rollouts(log_mu=
+    "forward") takes it as here.
+Each piece below computes what its counterpart in rollout.py, buffer.py or replay_rl.py computes,
+on the same inputs (tests/test_minimal.py checks log mu, the advantages, collate's columns, the
+loss, its gradient and the step on the demo). The README's table says how their arguments and
+returns differ.
 """
 import logging
 import os

@@ -1,20 +1,23 @@
 """Rollouts with Hugging Face ``generate``: G samples per prompt, the behaviour log-probs
-log mu(o_t) recorded while sampling, rewards and group-normalized advantages.
+log mu(o_t), rewards and group-normalized advantages.
 
 Read in this order:
   - group_advantages: A within each group of G.
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
-  - sample_completions and its recorder BehaviourLogProbs: log mu with no second forward.
-    minimal.py takes log mu the simplest way, a no-grad forward after generate. The recorder saves
-    that forward (one over every sampled sequence) by reading the logits generate samples from;
-    it relies on the order in which transformers 5.x runs its logits processors, which its guard
-    checks (check_caller). To learn the method, minimal.py's way is enough.
+  - forward_log_mu: log mu the simplest way, minimal.py's: a no-grad forward after generate
+    (generate_rollouts' log_mu="forward"). Until the next step the model is mu, so this is
+    completion_logp, the function the loss calls.
+  - sample_completions and its recorder BehaviourLogProbs (the default, log_mu="recorded"): log mu
+    taken while generate samples, which saves that forward (one over every sampled sequence). It
+    reads the logits generate samples from, and relies on the order in which transformers 5.x runs
+    its logits processors, which its guard checks (check_caller). Both ways give the same values
+    (tested); to learn the method, the forward is enough.
 Below them come the guards, after a marker line. They refuse whatever would make generate sample
 from another distribution than the recorded one. Then comes the engineering that gives the same
 samples faster (each prompt prefilled once), and the greedy evals.
 The module needs a causal LM, its tokenizer and a reward function
-``reward_fn(prompt, completion) -> float``. Of this project it needs buffer.Rollout and
-replay_rl.refuse_active_dropout.
+``reward_fn(prompt, completion) -> float``. Of this project it needs buffer.py (Rollout, collate)
+and replay_rl.py (completion_logp, refuse_active_dropout).
 """
 from __future__ import annotations
 
@@ -27,11 +30,11 @@ import torch
 from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList,
                           MinLengthLogitsProcessor, TemperatureLogitsWarper)
 
-from buffer import Rollout
-from replay_rl import refuse_active_dropout
+from buffer import Rollout, collate
+from replay_rl import completion_logp, refuse_active_dropout
 
 
-# ---- the method: advantages, rollouts, log mu recorded while sampling --------------------------
+# ---- the method: advantages, rollouts, log mu (after sampling, or recorded while sampling) ------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]
 
@@ -48,7 +51,7 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0,
-                      policy_version: int, fast=None,
+                      policy_version: int, log_mu: str = "recorded", fast=None,
                       shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
     Returns (rollouts, stats): the Rollouts, prompt-major, and the round's figures. Each Rollout
@@ -57,6 +60,12 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
     (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round of
     equal-reward groups warns, once).
+    log_mu: how log mu is taken. "recorded" (the default, train.py's): while generate samples, by
+    the recorder BehaviourLogProbs, with no second forward. "forward": minimal.py's way, after
+    generate, by replay_rl.completion_logp on collate's columns with no gradient (the model has
+    taken no step since it sampled, so its log pi_theta is log mu). It needs no knowledge of how
+    transformers runs generate, and costs one forward over every sampled sequence, with the
+    [P * G, max_len, vocab] logits whole. Both give the same values (tested within 1e-5).
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
@@ -66,10 +75,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
         (train.py passes it with --fast-generation)."""
     G = num_generations
+    if log_mu not in ("recorded", "forward"):
+        raise ValueError(f"log_mu {log_mu!r}: 'recorded' (while sampling) or 'forward' (after)")
     prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
         model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
-        fast=fast, shared_prefill=shared_prefill)
+        record=log_mu == "recorded", fast=fast, shared_prefill=shared_prefill)
     lengths, ended = completion_lengths(completions, eos_ids)
+    if log_mu == "forward":         # minimal.py's way: one no-grad forward after generate
+        token_logp, token_entropy = forward_log_mu(
+            model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
+            pad_id=end_token_ids(model, tokenizer)[1], temperature=temperature)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
@@ -101,11 +116,32 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
+@torch.no_grad()
+def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
+                   lengths: torch.Tensor, *, pad_id: int, temperature: float):
+    """log mu(o_t) and mu's entropy, [batch, max_len] each, by a forward after generate
+    (generate_rollouts' log_mu="forward"). Until the next optimizer step the model is mu, so log mu
+    is the log pi_theta the loss takes: completion_logp on collate's columns, here with no
+    gradient. prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as
+    generate returned them; lengths: the tokens each keeps (completion_lengths)."""
+    stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
+                         behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,
+                         policy_version=0, baseline=0.0, temperature=temperature)
+                 for prompt, row, k in zip(prompt_ids, completions, lengths.tolist())]
+    device = next(model.parameters()).device
+    logp, entropy = completion_logp(model, collate(stand_ins, pad_id, device=device), temperature)
+    width = completions.shape[1] - logp.shape[1]    # generate's columns past the longest kept
+    return (torch.nn.functional.pad(logp.float().cpu(), (0, width)),
+            torch.nn.functional.pad(entropy.float().cpu(), (0, width)))
+
+
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, fast=None, shared_prefill: bool = False):
+                       temperature: float, record: bool = True, fast=None,
+                       shared_prefill: bool = False):
     """G samples of each prompt, with log mu of each sampled token and mu's entropy there, both
-    recorded while sampling. Prompts are left-padded, so every completion starts at the same
+    recorded while sampling (record=False: not recorded, returned as None; forward_log_mu takes
+    them after). Prompts are left-padded, so every completion starts at the same
     column. Returns the prompts' ids (unpadded, one tensor each); completions, token_logp and
     token_entropy, each [P * G, max_len] on the CPU; and the end token ids.
     The tokens are drawn from softmax(z_t / T) alone. Every setting of generate that would change
@@ -129,7 +165,11 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
     # the recorder refuses what would change mu (active dropout included), before any model work
-    recorder = BehaviourLogProbs(model, gen_config)
+    if record:
+        recorder = BehaviourLogProbs(model, gen_config)
+    else:                   # the same refusals, without the recorder
+        refuse_active_dropout(model)
+        refuse_sampling_changes(model, gen_config)
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
@@ -138,8 +178,11 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     # P * G completions, from the prefilled cache in extra if any; the recorder called once a token
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                generation_config=gen_config,
-                               logits_processor=LogitsProcessorList([recorder]), **extra)
+                               logits_processor=LogitsProcessorList([recorder] if record else []),
+                               **extra)
     completions = sequences[:, input_ids.shape[1]:]                  # [P * G, max_len]
+    if not record:
+        return prompt_ids, completions.cpu(), None, None, eos_ids
     token_logp, token_entropy = recorder.finish(completions)
     # Engineering: what follows is per-rollout bookkeeping on small tensors: one copy to the CPU
     # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.

@@ -67,7 +67,8 @@ def addition_task(digits: int = 2, num_eval: int = 500, split_seed: int = 1234) 
         return float(value is not None and value == int(answers[prompt]))
 
     return Task(name=f"addition{digits}", train_prompts=prompts[num_eval:], eval_prompts=prompts[:num_eval],
-                answers=answers, reward=reward, max_new_tokens=digits + 3, target=lambda p: answers[p])
+                answers=answers, reward=reward, max_new_tokens=digits + 3, target=lambda p: answers[p],
+                max_rounds=100)     # as minimal.py's: 0.988 of the held-out sums at round 100
 
 
 # ---- the written-work task: column addition, the work before the answer ------------------

@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
 def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
           saved: checkpoint.Checkpoint | None = None) -> dict:
     """The loop of the README. Each round: generate, add to the buffer, and once it holds B (with
-    S: S new ones) take K updates; an eval when due, a checkpoint when due.
+    S: S more stored) take K updates; an eval when due, a checkpoint when due.
     task: the --task's prompts and reward. saved: the checkpoint --resume names, or None.
     stop: the signal handler.
     What the named calls of infra/ do, so that the loop reads without them:
@@ -113,7 +113,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                 prompts = draw_prompts(run)                 # P prompts
                 rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
                 add_to_buffer(run, rollouts, gen, B, S)     # FIFO, N; with S, see its doc
-                if holds(run, B, S):                        # B held (with S: S new ones)
+                if holds(run, B, S):                        # B held (with S: S more stored)
                     for k in range(K):
                         batch = sample_batch(run, B)        # B, uniformly; None: too few left
                         if batch is None:                   # (--no-reuse, --max-age): the rest
@@ -121,7 +121,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                             break
                         with report.timed(state, "train"):
                             metrics = update(run.model, run.optimizer, batch, **step_args(run))
-                        record_step(run, metrics, cfg.batch_size)   # state.step (the version) + 1
+                        state.step += 1             # the policy's version (a skipped step too)
+                        record_step(run, metrics, cfg.batch_size)   # its row, its counts
                 else:
                     record_idle_round(run)
                 if eval_due(run):
@@ -179,14 +180,18 @@ def mode_for_steps(run: Run) -> None:
     is the one that sampled. Training mode only where --gradient-checkpointing needs it
     (transformers checkpoints only in training mode). load_policy set every dropout rate to 0,
     and update_step refuses one that is not."""
-    run.model.train(run.cfg.gradient_checkpointing)
+    if run.cfg.gradient_checkpointing:
+        run.model.train()
+    else:
+        run.model.eval()
 
 
 def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
     """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
-    default) all of them. With S > 0 only as many as the loop needs: enough new ones to make S,
-    or enough to fill the buffer up to B, whichever is more. The rest of the round is dropped and
-    counted. B, S: this process's share (all of them when it runs alone)."""
+    default) all of them. With S > 0 only as many as the loop needs: enough to make S stored since
+    the last steps (those are the rollouts of the current policy), or enough to fill the buffer up
+    to B, whichever is more. The rest of the round is dropped and counted. B, S: this process's
+    share (all of them when it runs alone)."""
     state = run.state
     if S == 0:
         limit = None                                            # every rollout
@@ -202,7 +207,8 @@ def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
 
 def holds(run: Run, B: int, S: int) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
-    --learning-starts if more) and, with S, S rollouts of the current policy; in every process."""
+    --learning-starts if more) and, with S, S stored since the last steps (the rollouts of the
+    current policy); in every process."""
     due = len(run.buffer) >= must_hold(run, B) and current_rollouts(run) >= S
     return distributed.every_rank(due)
 
@@ -214,7 +220,8 @@ def must_hold(run: Run, B: int) -> int:
 
 
 def current_rollouts(run: Run) -> int:
-    """Rollouts in the buffer sampled by the current policy (none trained on it yet)."""
+    """Rollouts in the buffer sampled by the current policy: those stored since the last steps
+    (each step advances the version, so any stored before is of an older one)."""
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
 
@@ -255,14 +262,14 @@ def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
     """The loop's step as one call, for async_rl: update_step, timed, recorded."""
     with report.timed(run.state, "train"):
         metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
+    run.state.step += 1                     # the policy's version (a skipped step too)
     record_step(run, metrics, batch_size)
 
 
 def record_step(run: Run, metrics: dict, batch_size: int) -> None:
-    """A step taken: the policy's version advances (skipped or not: ages count every step tried),
-    counted, its metrics row; too many NaN/inf steps in a row end the run."""
+    """A step taken (state.step already counts it): its counts and its metrics row; too many
+    NaN/inf steps in a row end the run."""
     cfg, state = run.cfg, run.state
-    state.step += 1
     report.count_step(state, metrics, batch_size)
     report.peak_memory(state.round_stats, "train", run.model)
     run.reporter.row(state, {**metrics, **state.round_stats, "batch_size": batch_size,
@@ -274,7 +281,7 @@ def record_step(run: Run, metrics: dict, batch_size: int) -> None:
 
 
 def record_idle_round(run: Run) -> None:
-    """A round without updates (the buffer held fewer than B, or not S new ones): its row."""
+    """A round without updates (the buffer held fewer than B, or S were not yet stored): its row."""
     run.state.idle_rounds += 1
     run.reporter.row(run.state, {**run.state.round_stats, "updates": 0,
                                **report.buffer_counts(run.buffer, run.state)})
@@ -371,9 +378,10 @@ class Config:
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
         "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
-    new_per_update: int = opt(0, "S: the K updates wait until S new rollouts are stored (a round "
-        "stores no more than they, and a buffer still filling, need): each used K*B/S times, "
-        "filtered or not; S = B = N: on-policy. 0: K updates each round")
+    new_per_update: int = opt(0, "S: K updates for every S rollouts stored (the synchronous loop "
+        "stores just those S, of the current policy, and drops the rest of a round; a buffer still "
+        "filling first takes B): each used K*B/S times, filtered or not; S = B = N: on-policy. "
+        "0: K updates each round")
     learning_starts: int = opt(0, "the first update waits until the buffer holds this many (in "
         "the synchronous loop); 0 = B. Staleness without reuse: --no-reuse --new-per-update B "
         "--learning-starts N (one use each, at ages ~N/B - 1)")

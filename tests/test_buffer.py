@@ -43,6 +43,21 @@ def test_sample_is_distinct_uniform_and_does_not_remove():
         buf.sample(11)
 
 
+def test_the_variants_all_off_are_the_plain_buffer():
+    """train.py builds ReplayBufferWithVariants; with every variant off (its defaults) it keeps,
+    evicts, draws and counts exactly as ReplayBuffer, the README's buffer, with the same seed."""
+    plain, variants = ReplayBuffer(capacity=6, seed=5), ReplayBufferWithVariants(capacity=6, seed=5)
+    drawn = {id(plain): [], id(variants): []}
+    for start in range(0, 20, 4):
+        for buf in (plain, variants):
+            assert buf.add([make(i) for i in range(start, start + 4)]) == 4
+            drawn[id(buf)].append(ids(buf.sample(3)))
+    assert drawn[id(plain)] == drawn[id(variants)]
+    assert ids(plain.items) == ids(variants.items) == list(range(14, 20))
+    assert [r.uses for r in plain.items] == [r.uses for r in variants.items]
+    assert plain.left_by_uses == variants.left_by_uses and sum(plain.left_by_uses) == 14
+
+
 def test_use_counts_and_ages():
     buf = ReplayBufferWithVariants(capacity=4)
     buf.add([make(0, version=0), make(1, version=3)])

@@ -51,6 +51,31 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
         completion_logp(model, batch, temperature * 2)
 
 
+@pytest.mark.parametrize("shared_prefill", [False, True])
+def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, addition, shared_prefill):
+    """generate_rollouts(log_mu="forward"), minimal.py's way, samples the same completions (same
+    seed) and gives the recorder's log mu and entropy; an unknown way is refused."""
+    model, tokenizer = policy
+    prompts = ["1+2=", "45+67=", "9+99=", "80+0="]
+    runs = {}
+    for way in ("recorded", "forward"):
+        torch.manual_seed(3)
+        runs[way] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                                      max_new_tokens=5, temperature=0.7, policy_version=0,
+                                      log_mu=way, shared_prefill=shared_prefill)
+    (recorded, rec_stats), (forward, fwd_stats) = runs["recorded"], runs["forward"]
+    assert sum(len(r.completion_ids) for r in recorded) > len(recorded)     # multi-token
+    for a, b in zip(recorded, forward):
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert a.behaviour_logp.shape == b.behaviour_logp.shape
+        assert (a.behaviour_logp - b.behaviour_logp).abs().max() < 1e-5
+    assert (recorded[0].behaviour_logp != 0).any()                          # not the stand-ins' zeros
+    assert fwd_stats["rollout_entropy"] == pytest.approx(rec_stats["rollout_entropy"], abs=1e-5)
+    with pytest.raises(ValueError, match="log_mu 'after'"):
+        generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                          max_new_tokens=5, policy_version=0, log_mu="after")
+
+
 def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     model, tokenizer = policy
     tokenizer = copy.deepcopy(tokenizer)
