@@ -224,7 +224,8 @@ class BehaviourLogProbs(LogitsProcessor):
     def __init__(self, model, generation_config: GenerationConfig):
         refuse_active_dropout(model)
         refuse_sampling_changes(model, generation_config)
-        # the T generate will sample at: the config's, if unset the model's own, else 1
+        # the T generate will sample at, found as generate finds it: the config's (sample_completions
+        # always sets it); if unset, the model's own generation_config's; else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)
         self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
