@@ -106,7 +106,8 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
         rollouts, gen = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            policy_version=version, fast=link.fast, shared_prefill=True)   # as train.py's
+            policy_version=version, fast=link.fast, log_mu="recorded",
+            shared_prefill=True)                        # as train.py's
         link.push(rollouts, gen)
 
 

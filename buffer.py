@@ -134,8 +134,9 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
                         negative ages.
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
-    The guards refuse a prompt that begins or ends with pad_id, and a completion that ends with
-    two of them (a row of a padded batch). They cannot see two other errors:
+    The guards refuse a prompt that begins or ends with pad_id, a completion that ends with two of
+    them (a row of a padded batch), and a behaviour_logp that is not one log mu per completion
+    token. They cannot see two other errors:
       - prompts padded with another id (eos where the tokenizer pads with <pad>). They pass, and
         the pads are read as prompt tokens. Pass the pad id the prompts were padded with.
       - a completion kept with one pad after its EOS. It passes, and that pad is trained on.
@@ -147,6 +148,10 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
         raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
                          "each prompt unpadded (not a row of a padded batch), else the pads are "
                          "read as prompt tokens and log pi_theta no longer matches log mu")
+    if any(r.behaviour_logp.shape != r.completion_ids.shape for r in rollouts):
+        raise ValueError("a rollout's behaviour_logp is not one log mu per completion token (a "
+                         "whole sequence's log-prob, as some servers return, would be spread over "
+                         "every token): store log mu(o_t) of each token")
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
         raise ValueError(f"a rollout's completion_ids end with the pad id {pad_id} twice: store "
                          "each completion up to and including its first EOS, not a padded row")

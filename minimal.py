@@ -43,6 +43,7 @@ returns differ.
 import logging
 import os
 import random
+import re
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -76,9 +77,11 @@ TRAIN_PROMPTS = [f"{a}+{b}=" for a, b in PAIRS[500:]]
 
 
 def reward(prompt: str, completion: str) -> float:
-    """1 for the exact sum ("37+45=" -> "82"), else 0. Parsed, never evaluated."""
+    """1 for the exact sum ("37+45=" -> "82"; an integer, spaces around allowed, as train.py's
+    reward, tasks.addition_task), else 0. Parsed, never evaluated."""
     a, b = prompt[:-1].split("+")
-    return float(completion.strip() == str(int(a) + int(b)))
+    number = re.fullmatch(r"\s*(-?\d{1,30})\s*", completion)
+    return float(number is not None and int(number.group(1)) == int(a) + int(b))
 
 
 # ---- a rollout: what travels from generation to the loss ---------------------------------------
@@ -90,6 +93,7 @@ class Rollout:
     reward: float
     advantage: float                # A, fixed when sampled and never recomputed on replay
     policy_version: int             # optimizer steps taken before sampling, NaN/inf skips included
+    baseline: float                 # V, the group's mean reward. Only asymre reads it (train.py)
     temperature: float              # the T it was sampled at. The loss must score it at the same T
     uses: int = 0                   # training batches it has been in
 
@@ -97,7 +101,8 @@ class Rollout:
 # ---- what sampling uses: the group advantages, and two guards ----------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A = (r - mean r) / (std r + std_floor) within each group, with the sample std. A group is a
-    row of rewards [P, G]. A group of equal rewards gets exactly 0, since it teaches nothing."""
+    row of rewards [P, G]: prompt p's G rewards (a flat list viewed as [P, G] must be prompt-major,
+    as generate_rollouts makes it). A group of equal rewards gets exactly 0: it teaches nothing."""
     mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
     equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
     return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
@@ -114,11 +119,13 @@ def refuse_training_mode(model) -> None:
 def refuse_acting_settings(model) -> None:
     """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
     generate would apply it, and log mu would not know. These settings are suppressed or forced
-    tokens, banned words, a sequence bias, and a minimum length."""
+    tokens, banned words, a sequence bias, min_p and top_h cuts, a length penalty, a watermark and
+    prompt lookup. (A minimum length is not among them: generate_rollouts passes
+    min_new_tokens=0, which replaces the model's min_length.)"""
     acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
                                 "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
-                                "min_length", "min_new_tokens", "min_p", "top_h",
-                                "exponential_decay_length_penalty", "watermarking_config")
+                                "min_p", "top_h", "exponential_decay_length_penalty",
+                                "watermarking_config", "prompt_lookup_num_tokens")
               if getattr(model.generation_config, name, None)]
     if acting:
         raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
@@ -136,11 +143,13 @@ def end_ids(model, tokenizer) -> list[int]:
 
 
 @torch.no_grad()
-def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int,
+def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float, policy_version: int):
-    """Sample G completions of each prompt from softmax(z_t / T), T = temperature. Returns them as
-    Rollouts with log mu and A (reward_fn(prompt, completion) -> r), and the mean reward. The model
-    must be in eval mode, with no dropout, so that it samples the function it trains."""
+    """Sample G = num_generations completions of each prompt from softmax(z_t / T), T =
+    temperature. Returns them as Rollouts with log mu and A (reward_fn(prompt, completion) -> r),
+    and the round's figures ({"reward": the mean reward}). The model must be in eval mode, with no
+    dropout, so that it samples the function it trains."""
+    G = num_generations
     refuse_training_mode(model)
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
@@ -183,13 +192,14 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, G: int
                                    skip_special_tokens=True)
     rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    baselines = rewards.view(-1, G).mean(1)
     rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
                         completion_ids=completions[i, :length[i]],
                         behaviour_logp=behaviour_logp[i, :length[i]], reward=rewards[i].item(),
                         advantage=advantages[i].item(), policy_version=policy_version,
-                        temperature=temperature)
+                        baseline=baselines[i // G].item(), temperature=temperature)
                 for i in range(len(texts))]
-    return rollouts, rewards.mean().item()
+    return rollouts, {"reward": rewards.mean().item()}
 
 
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------
@@ -226,6 +236,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
         raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
         raise ValueError("a completion ends with the pad id twice: trim it after its first EOS")
+    if any(r.behaviour_logp.shape != r.completion_ids.shape for r in rollouts):
+        raise ValueError("behaviour_logp must hold log mu of each completion token")
     if len({r.temperature for r in rollouts}) > 1:
         raise ValueError("rollouts sampled at different temperatures in one batch")
     prompt_len = max(len(r.prompt_ids) for r in rollouts)
@@ -249,11 +261,11 @@ def collate(rollouts: list[Rollout], pad_id: int) -> dict:
             "temperature": rollouts[0].temperature}
 
 
-def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
-    """log pi_theta(o_t | o_<t) at temperature T for every completion column, with gradient:
-    [batch, max_len]. The logits at column j predict token j + 1. So the completion's tokens are
-    scored by the max_len columns to their left. The last column predicts nothing and is not fed.
-    replay_rl.completion_logp returns the same log-probs, and the entropy beside them."""
+def completion_logp(model, cols: dict, temperature: float):
+    """log pi_theta(o_t | o_<t) at temperature T for every completion column, with gradient, and
+    the policy's entropy there (a metric, no gradient): [batch, max_len] each. The logits at
+    column j predict token j + 1. So the completion's tokens are scored by the max_len columns to
+    their left. The last column predicts nothing and is not fed."""
     refuse_training_mode(model)
     if cols["temperature"] != temperature:      # log pi_theta at another T than mu's: rho != 1
         raise ValueError(f"the rollouts were sampled at T = {cols['temperature']}, "
@@ -270,8 +282,9 @@ def completion_logp(model, cols: dict, temperature: float) -> torch.Tensor:
                    attention_mask=cols["attention_mask"][:, :-1],
                    position_ids=cols["position_ids"][:, :-1]).logits[:, -max_len:]
     tokens = cols["input_ids"][:, -max_len:]
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    return logp.gather(-1, tokens[..., None]).squeeze(-1)
+    logp = torch.log_softmax(logits.float() / temperature, -1)     # [batch, max_len, vocab]
+    entropy = -(logp.exp() * logp).sum(-1).detach()
+    return logp.gather(-1, tokens[..., None]).squeeze(-1), entropy
 
 
 def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
@@ -301,8 +314,9 @@ def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: 
     gradient is NaN/inf, which would poison the weights and AdamW's moments for good."""
     refuse_training_mode(model)
     cols = collate(rollouts, pad_id)
-    loss, metrics = policy_loss(completion_logp(model, cols, temperature), cols["behaviour_logp"],
-                                cols["advantage"], cols["completion_mask"], is_cap=is_cap)
+    logp, _ = completion_logp(model, cols, temperature)
+    loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
+                                cols["completion_mask"], is_cap=is_cap)
     optimizer.zero_grad()
     loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -353,9 +367,9 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
     for round_ in range(1, rounds + 1):
         prompts = rng.sample(TRAIN_PROMPTS, P)
-        rollouts, mean_reward = generate_rollouts(model, tokenizer, prompts, reward, G=G,
-                                                   max_new_tokens=MAX_NEW_TOKENS, temperature=T,
-                                                   policy_version=step)
+        rollouts, figures = generate_rollouts(model, tokenizer, prompts, reward,
+                                              num_generations=G, max_new_tokens=MAX_NEW_TOKENS,
+                                              temperature=T, policy_version=step)
         buffer.add(rollouts)                            # FIFO: past N, the oldest leave
         if len(buffer.items) >= B:                      # K steps, once the buffer holds B
             for _ in range(K):
@@ -364,7 +378,7 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
                 metrics = update(model, optimizer, sampled, tokenizer.pad_token_id, T, C)
                 step += 1                               # the version: steps taken, skipped too
         if round_ % 10 == 0 and step:
-            log(f"round {round_}: reward {mean_reward:.2f}, is_ratio_mean "
+            log(f"round {round_}: reward {figures['reward']:.2f}, is_ratio_mean "
                 f"{metrics['is_ratio_mean']:.4f}, weights cut at C "
                 f"{metrics['is_truncated_frac']:.3f}, mean age {sum(ages) / len(ages):.1f} steps")
         if round_ % eval_every == 0 or round_ == rounds:

@@ -4,17 +4,18 @@ log mu(o_t), rewards and group-normalized advantages.
 Read in this order:
   - group_advantages: A within each group of G.
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
-  - forward_log_mu: log mu the simplest way, minimal.py's: a no-grad forward after generate
-    (generate_rollouts' log_mu="forward"). Until the next step the model is mu, so this is
-    completion_logp, the function the loss calls.
-  - sample_completions and its recorder BehaviourLogProbs (the default, log_mu="recorded"): log mu
-    taken while generate samples, which saves that forward (one over every sampled sequence). It
-    reads the logits generate samples from, and relies on the order in which transformers 5.x runs
-    its logits processors, which its guard checks (check_caller). Both ways give the same values
-    (tested); to learn the method, the forward is enough.
-Below them come the guards, after a marker line. They refuse whatever would make generate sample
-from another distribution than the recorded one. Then comes the engineering that gives the same
-samples faster (each prompt prefilled once), and the greedy evals.
+  - sample_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
+  - forward_log_mu: log mu as minimal.py takes it, a no-grad forward after generate. Until the
+    next step the model is mu, so this is completion_logp, the function the loss calls.
+The method ends there. Below it, each after a marker line:
+  - engineering: the recorder BehaviourLogProbs (log_mu="recorded", which train.py asks for). It
+    takes log mu while generate samples and so saves that forward (one over every sampled
+    sequence). It relies on the order in which transformers 5.x runs its logits processors, which
+    its guard checks (check_caller). Both ways give the same values (tested).
+  - the guards: they refuse whatever would make generate sample from another distribution than
+    softmax(z_t / T).
+  - engineering that gives the same samples faster (each prompt prefilled once), and the greedy
+    evals.
 The module needs a causal LM, its tokenizer and a reward function
 ``reward_fn(prompt, completion) -> float``. Of this project it needs buffer.py (Rollout, collate)
 and replay_rl.py (completion_logp, refuse_active_dropout).
@@ -34,9 +35,12 @@ from buffer import Rollout, collate
 from replay_rl import completion_logp, refuse_active_dropout
 
 
-# ---- the method: advantages, rollouts, log mu (after sampling, or recorded while sampling) ------
+# ---- the method: advantages, rollouts, log mu --------------------------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]
+    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]: row p
+    holds prompt p's G rewards. From a flat list, view(-1, G) gives that only in prompt-major
+    order (each prompt's G samples together, as generate_rollouts orders them); a list made as
+    prompts * G (sample-major) would mix prompts in a group, with no error.
 
     std is the sample standard deviation (as TRL's GRPO); std_floor keeps a near-equal group from
     dividing by ~0 (it is not PPO's clip range epsilon). A group whose rewards are all equal gets
@@ -51,7 +55,7 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0,
-                      policy_version: int, log_mu: str = "recorded", fast=None,
+                      policy_version: int, log_mu: str = "forward", fast=None,
                       shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
     Returns (rollouts, stats): the Rollouts, prompt-major, and the round's figures. Each Rollout
@@ -60,16 +64,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
     (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round of
     equal-reward groups warns, once).
-    log_mu: how log mu is taken. "recorded" (the default, train.py's): while generate samples, by
-    the recorder BehaviourLogProbs, with no second forward. "forward": minimal.py's way, after
-    generate, by replay_rl.completion_logp on collate's columns with no gradient (the model has
-    taken no step since it sampled, so its log pi_theta is log mu). It needs no knowledge of how
-    transformers runs generate, and costs one forward over every sampled sequence, with the
-    [P * G, max_len, vocab] logits whole. Both give the same values (tested within 1e-5).
+    log_mu: how log mu is taken. "forward" (the default): minimal.py's way, after generate, by
+    forward_log_mu (completion_logp with no gradient: the model has taken no step since it
+    sampled, so its log pi_theta is log mu). It costs one forward over every sampled sequence.
+    "recorded" (engineering; train.py passes it): while generate samples, by the recorder
+    BehaviourLogProbs, with no second forward. Both give the same values (tested within 1e-5).
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    Engineering, off by default, gives the same samples faster:
+    Engineering, off by default, gives the same samples or log mu faster:
+      - log_mu="recorded", above;
       - shared_prefill=True (train.py passes it): each prompt prefilled once for its G samples
         (prefill_once);
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
@@ -116,34 +120,16 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     return rollouts, stats
 
 
-@torch.no_grad()
-def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
-                   lengths: torch.Tensor, *, pad_id: int, temperature: float):
-    """log mu(o_t) and mu's entropy, [batch, max_len] each, by a forward after generate
-    (generate_rollouts' log_mu="forward"). Until the next optimizer step the model is mu, so log mu
-    is the log pi_theta the loss takes: completion_logp on collate's columns, here with no
-    gradient. prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as
-    generate returned them; lengths: the tokens each keeps (completion_lengths)."""
-    stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
-                         behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,
-                         policy_version=0, baseline=0.0, temperature=temperature)
-                 for prompt, row, k in zip(prompt_ids, completions, lengths.tolist())]
-    device = next(model.parameters()).device
-    logp, entropy = completion_logp(model, collate(stand_ins, pad_id, device=device), temperature)
-    width = completions.shape[1] - logp.shape[1]    # generate's columns past the longest kept
-    return (torch.nn.functional.pad(logp.float().cpu(), (0, width)),
-            torch.nn.functional.pad(entropy.float().cpu(), (0, width)))
-
-
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, record: bool = True, fast=None,
+                       temperature: float, record: bool = False, fast=None,
                        shared_prefill: bool = False):
-    """G samples of each prompt, with log mu of each sampled token and mu's entropy there, both
-    recorded while sampling (record=False: not recorded, returned as None; forward_log_mu takes
-    them after). Prompts are left-padded, so every completion starts at the same
-    column. Returns the prompts' ids (unpadded, one tensor each); completions, token_logp and
-    token_entropy, each [P * G, max_len] on the CPU; and the end token ids.
+    """G samples of each prompt. Prompts are left-padded, so every completion starts at the same
+    column. Returns the prompts' ids (unpadded, one tensor each); the completions [P * G, max_len]
+    on the CPU; token_logp and token_entropy, log mu of each sampled token and mu's entropy
+    there, each [P * G, max_len], recorded while sampling with record=True (engineering, the
+    recorder BehaviourLogProbs below), else None (forward_log_mu takes them after); and the end
+    token ids.
     The tokens are drawn from softmax(z_t / T) alone. Every setting of generate that would change
     that distribution is passed at its plain value (PLAIN_SAMPLING), so the model's own
     generation_config cannot fill it in. A setting that cannot be overridden is refused.
@@ -159,17 +145,15 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
     attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
-    # The tokens must be drawn from the softmax(z_t / T) that BehaviourLogProbs records and the
+    # The tokens must be drawn from the softmax(z_t / T) whose log-prob is stored as log mu and the
     # loss evaluates: top_k=0 turns off generate's default top-k of 50, and so on (PLAIN_SAMPLING).
     gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    # the recorder refuses what would change mu (active dropout included), before any model work
-    if record:
-        recorder = BehaviourLogProbs(model, gen_config)
-    else:                   # the same refusals, without the recorder
-        refuse_active_dropout(model)
-        refuse_sampling_changes(model, gen_config)
+    # refused before any model work: active dropout, and settings that would change mu
+    refuse_active_dropout(model)
+    refuse_sampling_changes(model, gen_config)
+    recorder = BehaviourLogProbs(model, gen_config) if record else None     # engineering
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
@@ -189,6 +173,55 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     return prompt_ids, completions.cpu(), token_logp.cpu(), token_entropy.cpu(), eos_ids
 
 
+@torch.no_grad()
+def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
+                   lengths: torch.Tensor, *, pad_id: int, temperature: float, rows: int = 8):
+    """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
+    forward after generate. Until the next optimizer step the model is mu, so log mu is the
+    log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
+    prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as generate
+    returned them; lengths: the tokens each keeps (completion_lengths). rows: completions scored
+    at a time, so that the logits held are [rows, max_len, vocab], not [batch, ...]."""
+    stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
+                         behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,
+                         policy_version=0, baseline=0.0, temperature=temperature)
+                 for prompt, row, k in zip(prompt_ids, completions, lengths.tolist())]
+    device = next(model.parameters()).device
+    logp, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
+    for start in range(0, len(stand_ins), rows):
+        cols = collate(stand_ins[start:start + rows], pad_id, device=device)
+        part_logp, part_entropy = completion_logp(model, cols, temperature)
+        end, width = start + part_logp.shape[0], part_logp.shape[1]
+        logp[start:end, :width] = part_logp.float().cpu()
+        entropy[start:end, :width] = part_entropy.float().cpu()
+    return logp, entropy
+
+
+def completion_lengths(completions: torch.Tensor,
+                       eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
+    including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
+    pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
+    False)."""
+    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, max_len]
+    max_len = completions.shape[1]
+    ended = eos_cells.any(1)
+    first_eos = torch.where(ended, eos_cells.int().argmax(1),
+                            torch.full_like(ended, max_len, dtype=torch.long))
+    return torch.clamp(first_eos + 1, max=max_len), ended
+
+
+def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
+    """(ids that end a completion, pad id): the tokenizer's EOS plus the model's eos_token_id list
+    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
+    model_eos = getattr(model.generation_config, "eos_token_id", None)
+    model_eos = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
+    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return eos_ids, pad_id
+
+
+# ---- engineering: log mu recorded while generate samples (log_mu="recorded", train.py's) ---
 class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) = log softmax(z_t / T)[o_t] of every sampled token while ``generate``
     runs, with no second forward. z_t are the logits that drew o_t and T is the temperature: the
@@ -224,8 +257,8 @@ class BehaviourLogProbs(LogitsProcessor):
     def __init__(self, model, generation_config: GenerationConfig):
         refuse_active_dropout(model)
         refuse_sampling_changes(model, generation_config)
-        # the T generate will sample at, found as generate finds it: the config's (sample_completions
-        # always sets it); if unset, the model's own generation_config's; else 1
+        # the T generate will sample at, found as generate finds it: the config's
+        # (sample_completions always sets it); if unset, the model's own generation_config's; else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)
         self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
@@ -265,30 +298,6 @@ class BehaviourLogProbs(LogitsProcessor):
                              "BehaviourLogProbs records sampling only (num_beams=1)")
         return (torch.stack(self.token_logp[:max_len], 1),
                 torch.stack(self.mu_entropy[:max_len], 1))
-
-
-def completion_lengths(completions: torch.Tensor,
-                       eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lengths, ended) of completions [P * G, max_len]: each keeps its tokens up to and
-    including its first end token (the tokenizer's EOS or any of the model's eos_token_id list;
-    pad == eos is common, so all after it is padding), else all (cut at max_new_tokens: ended
-    False)."""
-    eos_cells = torch.isin(completions, torch.tensor(eos_ids))      # bool [P * G, max_len]
-    max_len = completions.shape[1]
-    ended = eos_cells.any(1)
-    first_eos = torch.where(ended, eos_cells.int().argmax(1),
-                            torch.full_like(ended, max_len, dtype=torch.long))
-    return torch.clamp(first_eos + 1, max=max_len), ended
-
-
-def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
-    """(ids that end a completion, pad id): the tokenizer's EOS plus the model's eos_token_id list
-    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
-    model_eos = getattr(model.generation_config, "eos_token_id", None)
-    model_eos = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
-    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    return eos_ids, pad_id
 
 
 # ---- the guards: sampling from softmax(z_t / T) alone, as recorded ------------------------------

@@ -169,6 +169,7 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
+            log_mu="recorded",         # engineering: log mu taken while sampling, no second forward
             shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
     mode_for_steps(run)
     return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
@@ -400,8 +401,8 @@ class Config:
     micro_batch_size: int = opt(0, "rollouts per forward/backward (gradient accumulation); 0 = B")
     beta: float = opt(0.0, "weight of a KL penalty to the base model (the adapter off); 0 = none")
     # length of the run and evaluation
-    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (200; columns: 50; "
-        "sums: 40)")
+    max_rounds: int = opt(0, "stop after this many rounds; 0 = the task's own (addition, the "
+        "demo's: 100; columns: 50; sums: 40; gsm8k and a .jsonl task: 200)")
     max_gen_tokens: int = opt(0, "stop after the round that generated this many completion tokens; "
         "0 = none")
     eval_every: int = opt(25, "greedy eval on held-out prompts every this many rounds (unless "

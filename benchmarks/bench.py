@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
     G, pad_id, eos_id = args.num_generations, tokenizer.pad_token_id, tokenizer.eos_token_id
     # The loop's own settings (train.py's defaults), shared by every call below.
     sampling = dict(num_generations=G, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
-                    shared_prefill=True)         # as train.py samples
+                    log_mu="recorded", shared_prefill=True)         # as train.py samples
     step = dict(pad_id=pad_id, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, temperature=cfg.temperature,
                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)

@@ -58,7 +58,7 @@ def one_round(model, tokenizer, task, round_: int, optimizer) -> dict:
     rollouts, _ = generate_rollouts(model, tokenizer, prompts,
                                     lambda p, c: task.reward(questions[p], c),
                                     num_generations=G, max_new_tokens=NEW_TOKENS, temperature=T,
-                                    policy_version=0, shared_prefill=True)
+                                    policy_version=0, log_mu="recorded", shared_prefill=True)
     generation = time.perf_counter() - start
     cols = collate(rollouts, tokenizer.pad_token_id, 0)
     with torch.no_grad():

@@ -163,7 +163,8 @@ def smollm2_rollouts(seed: int = 0):
     prompts = random.Random(seed).sample(task.train_prompts, w["prompts"])
     rollouts, _ = rollout.generate_rollouts(
         model, tokenizer, prompts, task.reward, num_generations=w["generations"],
-        max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature, policy_version=0)
+        max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature, policy_version=0,
+        log_mu="recorded")
     model.train()
     return model, tokenizer, rollouts, cfg
 

@@ -66,7 +66,8 @@ def main(argv=None) -> dict:
             torch.manual_seed(round_)
             return generate_rollouts(model, tokenizer, prompts, lambda q, c: 0.0,
                                      num_generations=G, max_new_tokens=NEW_TOKENS,
-                                     temperature=T, policy_version=0, shared_prefill=True)[1]
+                                     temperature=T, policy_version=0, log_mu="recorded",
+                                     shared_prefill=True)[1]
         # the round's seconds without the profiler (it adds its own per-op cost), then the same
         # round (same seed, same tokens) under it for the split
         cpu0, wall0 = time.process_time(), time.perf_counter()

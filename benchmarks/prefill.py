@@ -173,7 +173,7 @@ def one_round(model, tokenizer, task, cfg, prompts, reward, G, shared: bool, see
     rollouts, stats = rollout.generate_rollouts(
         model, tokenizer, prompts, reward, num_generations=G,
         max_new_tokens=cfg.max_new_tokens or task.max_new_tokens, temperature=cfg.temperature,
-        policy_version=0, shared_prefill=shared)
+        policy_version=0, log_mu="recorded", shared_prefill=shared)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"s": wall, "cpu_s": cpu, "rollouts_per_s": len(rollouts) / wall, **phases.split(wall),
             "new_tokens": stats["new_tokens"],

@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
         rollouts, stats = rollout.generate_rollouts(
             model, tokenizer, prompts, task.reward, num_generations=G, max_new_tokens=max_new,
             temperature=cfg.temperature, fast=fast if mode == "fast" else None, policy_version=0,
-            shared_prefill=True)
+            log_mu="recorded", shared_prefill=True)
         if len(rollouts) >= len(pool):
             pool[:] = rollouts
         return stats["new_tokens"] / R

@@ -4,6 +4,8 @@ gradient, the step), and it learns. The plain update_step equals the engineered 
 import ast
 import copy
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from infra.policy import load_policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # minimal.generate_rollouts' settings other than the model, tokenizer and prompts: the demo's
-ARGS = dict(reward_fn=minimal.reward, G=minimal.G, max_new_tokens=minimal.MAX_NEW_TOKENS,
+ARGS = dict(reward_fn=minimal.reward, num_generations=minimal.G, max_new_tokens=minimal.MAX_NEW_TOKENS,
             temperature=minimal.T, policy_version=0)
 
 
@@ -27,8 +29,7 @@ def test_minimal_imports_nothing_of_the_project():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"logging", "os", "random", "warnings", "collections", "dataclasses", "torch", "peft",
-                        "transformers"}, imported
+    assert imported - set(sys.stdlib_module_names) <= {"torch", "peft", "transformers"}, imported
     assert {"torch", "peft", "transformers"} <= imported
 
 
@@ -52,7 +53,7 @@ def sampled(demo):
     mine, _ = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:6], **ARGS)
     theirs = [buffer.Rollout(prompt_ids=r.prompt_ids, completion_ids=r.completion_ids,
                              behaviour_logp=r.behaviour_logp, reward=r.reward,
-                             advantage=r.advantage, policy_version=0, baseline=0.0,
+                             advantage=r.advantage, policy_version=0, baseline=r.baseline,
                              temperature=minimal.T) for r in mine]
     return mine, theirs
 
@@ -80,15 +81,50 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
     recorded, _ = rollout.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:4],
                                             addition.reward, num_generations=4,
                                             max_new_tokens=minimal.MAX_NEW_TOKENS,
-                                            policy_version=0)
+                                            policy_version=0, log_mu="recorded")
     batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
-                                             r.reward, r.advantage, 0, r.temperature)
+                                             r.reward, r.advantage, 0, r.baseline, r.temperature)
                              for r in recorded],
                             tokenizer.pad_token_id)
     with torch.no_grad():
-        logp = minimal.completion_logp(model, batch, minimal.T)
+        logp, _ = minimal.completion_logp(model, batch, minimal.T)
     mask = batch["completion_mask"].bool()
     assert (logp[mask] - batch["behaviour_logp"][mask]).abs().max() < 1e-5
+
+
+def test_minimal_and_the_modules_share_names_fields_and_returns(demo, sampled):
+    """A ninth reader: the same names meant other calls (G= against num_generations=, a tensor
+    against (logp, entropy)), two acting-settings lists differed, and minimal's reward was a string
+    match where train.py's parses an integer. Now the Rollouts have the same fields, the baselines
+    are the groups' mean rewards, completion_logp returns the module's (logp, entropy),
+    generate_rollouts takes num_generations and returns a figures dict, the refused settings are
+    the module's, and the reward is train.py's on the cases that differed."""
+    import dataclasses
+    import inspect
+    import tasks
+    model, tokenizer = demo
+    mine, theirs = sampled
+    names = lambda cls: [f.name for f in dataclasses.fields(cls)]
+    assert names(minimal.Rollout) == names(buffer.Rollout)
+    groups = torch.tensor([r.reward for r in mine]).view(-1, minimal.G)
+    assert [r.baseline for r in mine] == pytest.approx(groups.mean(1).repeat_interleave(minimal.G).tolist())
+    assert "num_generations" in inspect.signature(minimal.generate_rollouts).parameters
+    _, figures = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
+    assert set(figures) == {"reward"} and 0 <= figures["reward"] <= 1
+    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, entropy = minimal.completion_logp(model, minimal.collate(mine, tokenizer.pad_token_id),
+                                                minimal.T)
+        module_logp, module_entropy = replay_rl.completion_logp(model, cols, minimal.T)
+    mask = cols["completion_mask"].bool()
+    assert (entropy[mask] - module_entropy[mask]).abs().max() < 1e-4 and entropy[mask].min() > 0
+    assert (logp[mask] - module_logp[mask]).abs().max() < 1e-5
+    source = inspect.getsource(minimal.refuse_acting_settings)
+    listed = set(re.findall(r'"(\w+)"', source.split("acting = ")[1].split("if getattr")[0]))
+    assert listed == set(rollout.SET_TO_ACT)
+    train_reward = tasks.addition_task().reward
+    for completion in ("82", " 82 ", "082", "8 2", "82.", "-82", ""):
+        assert minimal.reward("37+45=", completion) == train_reward("37+45=", completion), completion
 
 
 def test_group_advantages_equal_the_modules_by_hand():
@@ -210,7 +246,7 @@ def test_the_comparison_sees_a_gradient_off_by_a_constant_factor(demo, stale_bat
 def test_the_fifo_buffer_evicts_the_oldest_and_counts_uses():
     buf = minimal.ReplayBuffer(3, seed=0)
     made = [minimal.Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.1]), 1.0, 0.5, v,
-                            1.0) for v in range(5)]
+                            0.5, 1.0) for v in range(5)]
     buf.add(made[:2])
     buf.add(made[2:])
     assert [r.policy_version for r in buf.items] == [2, 3, 4]         # 0 and 1 left first

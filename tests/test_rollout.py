@@ -232,7 +232,7 @@ def test_each_prompt_is_prefilled_once_and_samples_what_plain_generate_samples(p
         torch.manual_seed(4)
         found[shared] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                                           max_new_tokens=5, temperature=1.3, policy_version=0,
-                                          shared_prefill=shared)[0]
+                                          log_mu="recorded", shared_prefill=shared)[0]
         hook.remove()
         steps = max(len(r.completion_ids) for r in found[shared])
         # plain: 16 rows x 6 columns at once; shared: the prefix, the rests but their last column,

@@ -163,7 +163,7 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
                                         current_version=0, temperature=1.5),
              lambda m, opt: minimal.update(m.eval(), opt, [
                  minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
-                                 r.advantage, 0, r.temperature) for r in rollouts],
+                                 r.advantage, 0, r.baseline, r.temperature) for r in rollouts],
                  tokenizer.pad_token_id,
                  1.5, 2.0)]
     for step in steps:
@@ -737,3 +737,21 @@ def test_reader7_minimal_completion_logp_refuses_positions_that_count_the_paddin
         minimal.completion_logp(model, cols, 1.0)
         with pytest.raises(ValueError, match="collate's"):
             minimal.completion_logp(model, dict(cols, position_ids=arange), 1.0)
+
+
+@pytest.mark.parametrize("logp_of", ["the whole sequence (0-dim)", "one value"])
+def test_reader9_collate_refuses_a_behaviour_logp_that_is_not_one_per_token(logp_of):
+    """A Rollout whose behaviour_logp was a whole sequence's log-prob (a 0-dim tensor, as some
+    inference servers return) or one value was spread over every completion token by both collates
+    ([[-3.0, -3.0, -3.0]]), silently: every importance ratio wrong. Both refuse it now."""
+    stored = torch.tensor(-3.0) if logp_of.startswith("the whole") else torch.tensor([-3.0])
+    make = lambda cls: cls(prompt_ids=torch.tensor([5, 6]), completion_ids=torch.tensor([7, 8, 9]),
+                           behaviour_logp=stored, reward=1.0, advantage=0.5, policy_version=0,
+                           baseline=0.5, temperature=1.0)
+    with pytest.raises(ValueError, match="one log mu per completion token"):
+        collate([make(Rollout)], pad_id=0)
+    with pytest.raises(ValueError, match="log mu of each completion token"):
+        minimal.collate([make(minimal.Rollout)], pad_id=0)
+    right = make(Rollout)
+    right.behaviour_logp = torch.tensor([-1.0, -2.0, -3.0])
+    assert collate([right], pad_id=0)["behaviour_logp"].tolist() == [[-1.0, -2.0, -3.0]]
