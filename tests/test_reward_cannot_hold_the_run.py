@@ -13,7 +13,7 @@ import torch
 
 from infra import loading
 from test_async import session, session_gone
-from test_nothing_lost3 import ROUND_3, TINY, grader, last_line, lines, start, wait_for
+from test_run_endings import ROUND_3, TINY, grader, last_line, lines, start, wait_for
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, process groups")
 IN_C = "open(ready, 'w').close()\nsum(range(10**11))      # C code: the lock held, no signal seen"
