@@ -39,9 +39,11 @@ loop's only. Three flags are this loop's own:
     exactness, not a way to train).
 What the rules below read of ``workers`` (infra/workers.py's Generators): ``outstanding``, the
 rounds ordered and not yet arrived; ``delivered``, whether any round has arrived; ``published``,
-the version of the weights published last; ``order(prompts)``, ``take_round(wait)``,
-``publish(model, step)``, ``account(state)`` (the time split, into the figures), and
-``trainer_at(step)``, which tells a worker past --max-lag to wait.
+the version of the weights published last; ``order(prompts)``; ``take_round(wait)``, the next
+round that arrived as (rollouts, figures), or None (wait=False: none has arrived; wait=True: a stop
+came while it waited); ``publish(model, step)``; ``account(state)`` (the time split, into the
+figures); and ``trainer_at(step)``, which tells a worker past --max-lag to wait. The trainer is one
+process (cli.py refuses --generators under torchrun), so B here is --batch-size whole.
 Async runs are not bit-reproducible: which version a worker samples with, and which rounds
 arrive before a step, depend on how fast each process runs. A worker waits for an order (none
 while the buffer has no room for a round unused, or rounds_ahead rounds are on their way) and,
@@ -103,16 +105,16 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
     while (prompts := link.next_order()) is not None:       # waits until the trainer orders
         version = link.load_weights(model)                  # waits if past --max-lag behind
-        rollouts, gen = rollout.generate_rollouts(
+        rollouts, figures = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             policy_version=version, fast=link.fast, log_mu="recorded",
             shared_prefill=True)                        # as train.py's
-        link.push(rollouts, gen)
+        link.push(rollouts, figures)
 
 
 # ---- the trainer's rules ---------------------------------------------------------------------
-def store(run, rollouts: list[Rollout], gen: dict) -> int:
+def store(run, rollouts: list[Rollout], figures: dict) -> int:
     """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
     drops), counted, its row. Returns the optimizer steps it makes due, as in the synchronous
     loop: K for every S rollouts stored (S > 0), else K once the buffer holds B; with
@@ -122,8 +124,8 @@ def store(run, rollouts: list[Rollout], gen: dict) -> int:
     state.round += 1
     stored = run.buffer.add(rollouts)
     run.buffer.drop_stale(state.step)
-    report.count_round(state, gen, len(rollouts), len(rollouts) // cfg.num_generations,
-                       gen["reward_errors"], stored)
+    report.count_round(state, figures, len(rollouts), len(rollouts) // cfg.num_generations,
+                       figures["reward_errors"], stored)
     run.reporter.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
                            **report.buffer_counts(run.buffer, state)})
     held = len(run.buffer) >= cfg.batch_size

@@ -23,7 +23,8 @@ correct for this, per completion token. The weight is held constant (no gradient
     L = - sum_t w_t A log pi_theta(o_t) / (the batch's completion tokens)
 On fresh data rho = 1, and this is the plain policy gradient.
 
-Where this file departs from the paper (train.py offers each of the paper's choices as a flag):
+Where this file departs from the paper (train.py offers the paper's loss and its workers as flags;
+it too trains LoRA adapters, not the full model):
   - The loss. Here it is truncated IS (C = 2). The paper's clipped GRPO objective is train.py
     --loss ppo.
   - The model. Here it is a tiny demo with LoRA adapters, trained by AdamW at lr 1e-3. The paper
@@ -98,7 +99,7 @@ class Rollout:
     uses: int = 0                   # training batches it has been in
 
 
-# ---- what sampling uses: the group advantages, and two guards ----------------------------------
+# ---- what sampling uses: the group advantages ---------------------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A = (r - mean r) / (std r + std_floor) within each group, with the sample std. A group is a
     row of rewards [P, G]: prompt p's G rewards (a flat list viewed as [P, G] must be prompt-major,
@@ -106,30 +107,6 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
     mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
     equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
     return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
-
-
-def refuse_training_mode(model) -> None:
-    """Refuses a model in training mode. There dropout (nn.Dropout, and the rates that layers pass
-    to F.dropout themselves) would make it sample, or score, another function than the one trained
-    on (rho != 1 on fresh data). model.eval() turns all of it off. Gradients still flow."""
-    if model.training:
-        raise ValueError("the model is in training mode (dropout on): call model.eval()")
-
-
-def refuse_acting_settings(model) -> None:
-    """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
-    generate would apply it, and log mu would not know. These settings are suppressed or forced
-    tokens, banned words, a sequence bias, min_p and top_h cuts, a length penalty, a watermark and
-    prompt lookup. (A minimum length is not among them: generate_rollouts passes
-    min_new_tokens=0, which replaces the model's min_length.)"""
-    acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
-                                "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
-                                "min_p", "top_h", "exponential_decay_length_penalty",
-                                "watermarking_config", "prompt_lookup_num_tokens")
-              if getattr(model.generation_config, name, None)]
-    if acting:
-        raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
-                         "from another distribution than softmax(z / T); unset them")
 
 
 # ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
@@ -150,7 +127,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     and the round's figures ({"reward": the mean reward}). The model must be in eval mode, with no
     dropout, so that it samples the function it trains."""
     G = num_generations
-    refuse_training_mode(model)
+    refuse_training_mode(model)         # the two guards: near the end of the file
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
@@ -182,8 +159,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     attention = torch.cat([enc.attention_mask, mask.long()], 1)
     positions = (attention.cumsum(1) - 1).clamp(min=0)              # as generate numbers them
     logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
-    # column j's logits predict token j + 1, so columns prompt_len - 1 .. end - 1 score the
-    # completion (completion_logp below feeds [:, :-1] and keeps the last max_len: the same)
+    # column j's logits predict token j + 1, so the columns from prompt_len - 1 to the one before
+    # the last score the completion's max_len tokens (completion_logp below: the same columns)
     z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
     behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
     behaviour_logp = behaviour_logp.squeeze(-1)
@@ -273,10 +250,10 @@ def completion_logp(model, cols: dict, temperature: float):
     max_len = cols["completion_mask"].shape[1]
     # collate's layout: the completions fill the last max_len columns, padded on the right; each
     # prompt ends in the column before them, padded on the left; positions count real tokens
-    mask = cols["attention_mask"]
-    if (not torch.equal(mask[:, -max_len:].bool(), cols["completion_mask"] > 0)
-            or not mask[:, -max_len - 1].bool().all()
-            or not torch.equal(cols["position_ids"], (mask.cumsum(1) - 1).clamp(min=0))):
+    attention = cols["attention_mask"]
+    if (not torch.equal(attention[:, -max_len:].bool(), cols["completion_mask"] > 0)
+            or not attention[:, -max_len - 1].bool().all()
+            or not torch.equal(cols["position_ids"], (attention.cumsum(1) - 1).clamp(min=0))):
         raise ValueError("cols not laid out as collate's: build them with collate")
     logits = model(input_ids=cols["input_ids"][:, :-1],
                    attention_mask=cols["attention_mask"][:, :-1],
@@ -294,6 +271,8 @@ def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
     Padding is selected away (torch.where), never multiplied by 0, because NaN * 0 is NaN."""
     if advantage.shape != logp.shape[:1]:
         raise ValueError(f"advantage {list(advantage.shape)}: one per rollout, [batch]")
+    if behaviour_logp.shape != logp.shape or mask.shape != logp.shape:     # else they broadcast
+        raise ValueError("logp, behaviour_logp and mask must each be [batch, max_len]")
     if is_cap < 1:                  # a cap below 1 would cut fresh tokens (rho = 1) too
         raise ValueError(f"is_cap {is_cap}: C must be >= 1")
     real = mask > 0
@@ -340,6 +319,32 @@ def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: in
     completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     return sum(reward_fn(p, t) for p, t in zip(prompts, texts)) / len(prompts)
+
+
+# ---- the two guards that sampling and the update call ------------------------------------
+def refuse_training_mode(model) -> None:
+    """Refuses a model in training mode, dropout rates 0 or not (the module's functions refuse only
+    active dropout). In training mode dropout (nn.Dropout, and the rates that layers pass to
+    F.dropout themselves) would make it sample, or score, another function than the one trained on
+    (rho != 1 on fresh data). model.eval() turns all of it off. Gradients still flow."""
+    if model.training:
+        raise ValueError("the model is in training mode, where dropout may act: call model.eval()")
+
+
+def refuse_acting_settings(model) -> None:
+    """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
+    generate would apply it, and log mu would not know. These settings are suppressed or forced
+    tokens, banned words, a sequence bias, min_p and top_h cuts, a length penalty, a watermark and
+    prompt lookup. (A minimum length is not among them: generate_rollouts passes
+    min_new_tokens=0, which replaces the model's min_length.)"""
+    acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
+                                "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
+                                "min_p", "top_h", "exponential_decay_length_penalty",
+                                "watermarking_config", "prompt_lookup_num_tokens")
+              if getattr(model.generation_config, name, None)]
+    if acting:
+        raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
+                         "from another distribution than softmax(z / T); unset them")
 
 
 # ---- the loop -------------------------------------------------------------------------------

@@ -108,6 +108,10 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
                          f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
                          "one is out of range")
+    if behaviour_logp.shape != logp.shape or mask.shape != logp.shape:    # else they broadcast
+        raise ValueError(f"logp {list(logp.shape)}, behaviour_logp {list(behaviour_logp.shape)} "
+                         f"and mask {list(mask.shape)} must be one [batch, max_len] each: log mu "
+                         "of each token (not a sequence's), as collate gives it")
     # the advantage each token is weighed by, [batch, 1]: A for tis and ppo (ppo: times rho),
     # r - (V - tau) for asymre
     term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)

@@ -58,7 +58,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                       policy_version: int, log_mu: str = "forward", fast=None,
                       shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
-    Returns (rollouts, stats): the Rollouts, prompt-major, and the round's figures. Each Rollout
+    Returns (rollouts, figures): the Rollouts, prompt-major, and the round's figures. Each Rollout
     carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``). reward_fn
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
@@ -86,9 +86,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         record=log_mu == "recorded", fast=fast, shared_prefill=shared_prefill)
     lengths, ended = completion_lengths(completions, eos_ids)
     if log_mu == "forward":         # minimal.py's way: one no-grad forward after generate
+        _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
         token_logp, token_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
-            pad_id=end_token_ids(model, tokenizer)[1], temperature=temperature)
+            pad_id=pad_id, temperature=temperature)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
@@ -100,8 +101,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
                       "so tis and ppo get no gradient from it"
                       + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
-    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops). Made
-    # out of inference_mode (prompt_ids cloned), they are plain tensors a caller may modify.
+    # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops). They
+    # are made here, outside sample_completions' inference_mode (prompt_ids cloned), so they are
+    # ordinary tensors: a caller may modify them or use them in autograd.
     completion_ids, behaviour_logp = completions[mask].split(kept), token_logp[mask].split(kept)
     baselines = rewards.view(-1, G).mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G].clone(), completion_ids=completion_ids[i],
@@ -109,7 +111,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                         policy_version=policy_version, baseline=baselines[i // G],
                         temperature=temperature)
                 for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
-    stats = {"completions": texts, "reward": rewards.mean().item(),
+    figures = {"completions": texts, "reward": rewards.mean().item(),
              "new_tokens": int(lengths.sum()),
              "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
              "rollout_entropy": torch.where(mask, token_entropy, 0.0).sum().item()        # mu's
@@ -117,7 +119,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
              # metrics.jsonl's keys: the mean length, and the part cut at max_new_tokens (not at C)
              "completion_len": lengths.float().mean().item(),
              "truncated_frac": (~ended).float().mean().item()}
-    return rollouts, stats
+    return rollouts, figures
 
 
 @torch.inference_mode()

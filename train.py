@@ -99,9 +99,10 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                      optimizer, buffer, random streams), so --resume does that round again."""
     run = setup(cfg, task, saved, stop)
     state, K = run.state, cfg.updates_per_round
-    # B and S as this process holds them: all of them when it runs alone; under torchrun, with W
-    # processes, its share, B/W and S/W
-    B, S = distributed.share_size(cfg.batch_size), distributed.share_size(cfg.new_per_update)
+    # This process's shares of B and S: B and S themselves when it runs alone (the default); under
+    # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
+    b_here = distributed.share_size(cfg.batch_size)
+    s_here = distributed.share_size(cfg.new_per_update)
     update = the_update(cfg, state.world_size)      # replay_rl.update_step, the one you studied
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
         if state.first_accuracy is None:
@@ -111,11 +112,11 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
             with stop.round(run):           # a stop in it: saved as it began, done again on resume
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
-                rollouts, gen = generate(run, prompts)      # G each: log mu, r, A
-                add_to_buffer(run, rollouts, gen, B, S)     # FIFO, N; with S, see its doc
-                if holds(run, B, S):                        # B held (with S: S more stored)
+                rollouts, figures = generate(run, prompts)  # G each: log mu, r, A
+                add_to_buffer(run, rollouts, figures, b_here, s_here)   # FIFO, N; S: see its doc
+                if holds(run, b_here, s_here):              # B held (with S: S more stored)
                     for k in range(K):
-                        batch = sample_batch(run, B)        # B, uniformly; None: too few left
+                        batch = sample_batch(run, b_here)   # B, uniformly; None: too few left
                         if batch is None:                   # (--no-reuse, --max-age): the rest
                             state.lapsed_updates += K - k   # lapse, counted
                             break
@@ -165,14 +166,14 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
     report.reset_peak_memory(run.model)
     run.model.eval()
     with report.timed(state, "gen"):
-        rollouts, gen = rollout.generate_rollouts(
+        rollouts, figures = rollout.generate_rollouts(
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
             log_mu="recorded",         # engineering: log mu taken while sampling, no second forward
             shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
     mode_for_steps(run)
-    return rollouts, {**gen, "reward_errors": run.reward_fn.errors - errors_before,
+    return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
 
 
@@ -187,37 +188,38 @@ def mode_for_steps(run: Run) -> None:
         run.model.eval()
 
 
-def add_to_buffer(run: Run, rollouts: list, gen: dict, B: int, S: int) -> None:
+def add_to_buffer(run: Run, rollouts: list, figures: dict, b_here: int, s_here: int) -> None:
     """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
     default) all of them. With S > 0 only as many as the loop needs: enough to make S stored since
     the last steps (those are the rollouts of the current policy), or enough to fill the buffer up
-    to B, whichever is more. The rest of the round is dropped and counted. B, S: this process's
-    share (all of them when it runs alone)."""
+    to B, whichever is more. The rest of the round is dropped and counted. b_here, s_here: this
+    process's B and S (B and S themselves when it runs alone)."""
     state = run.state
-    if S == 0:
+    if s_here == 0:
         limit = None                                            # every rollout
     else:
-        new_still_needed = S - current_rollouts(run)
-        to_fill_the_buffer = must_hold(run, B) - len(run.buffer)
+        new_still_needed = s_here - current_rollouts(run)
+        to_fill_the_buffer = must_hold(run, b_here) - len(run.buffer)
         limit = max(new_still_needed, to_fill_the_buffer)
     stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
-    report.count_round(state, gen, len(rollouts), gen["prompts"], gen["reward_errors"], stored)
+    report.count_round(state, figures, len(rollouts), figures["prompts"],
+                       figures["reward_errors"], stored)
     report.peak_memory(state.round_stats, "gen", run.model)
 
 
-def holds(run: Run, B: int, S: int) -> bool:
+def holds(run: Run, b_here: int, s_here: int) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
     --learning-starts if more) and, with S, S stored since the last steps (the rollouts of the
-    current policy); in every process."""
-    due = len(run.buffer) >= must_hold(run, B) and current_rollouts(run) >= S
+    current policy); in every process (b_here, s_here: this process's B and S)."""
+    due = len(run.buffer) >= must_hold(run, b_here) and current_rollouts(run) >= s_here
     return distributed.every_rank(due)
 
 
-def must_hold(run: Run, B: int) -> int:
-    """B, or before the first update --learning-starts if more (this process's share)."""
+def must_hold(run: Run, b_here: int) -> int:
+    """B, or before the first update --learning-starts if more (this process's share of each)."""
     first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
-    return max(B, first)
+    return max(b_here, first)
 
 
 def current_rollouts(run: Run) -> int:
@@ -226,16 +228,17 @@ def current_rollouts(run: Run) -> int:
     return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
 
 
-def sample_batch(run: Run, B: int, max_uses: int | None = None) -> list | None:
-    """B rollouts sampled uniformly from the buffer (this process's share), their uses counted, or
-    None: too few are left (used once with --no-reuse, or older than --max-age), in any process.
+def sample_batch(run: Run, b_here: int, max_uses: int | None = None) -> list | None:
+    """B rollouts sampled uniformly from the buffer (b_here: this process's share of B), their uses
+    counted, or None: too few are left (used once with --no-reuse, or older than --max-age), in any
+    process.
     max_uses (async_rl.py's, with --step-when-held): a rollout used that often leaves, counted."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    if not distributed.every_rank(len(run.buffer) >= B):
+    if not distributed.every_rank(len(run.buffer) >= b_here):
         return None
     held = len(run.buffer)
-    sampled = run.buffer.sample(B, remove=not cfg.reuse, max_uses=max_uses,
+    sampled = run.buffer.sample(b_here, remove=not cfg.reuse, max_uses=max_uses,
                                 current_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if max_uses else 0
     return sampled

@@ -329,7 +329,7 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
         minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     model.generation_config.suppress_tokens = None
     model.train()                   # the rates Llama passes to F.dropout itself act there too
-    with pytest.raises(ValueError, match=r"training mode \(dropout on\): call model.eval"):
+    with pytest.raises(ValueError, match=r"training mode, where dropout may act: call model.eval"):
         minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     with pytest.raises(ValueError, match="training mode"):
         minimal.completion_logp(model, minimal.collate(sampled[0][:2], tokenizer.pad_token_id),

@@ -755,3 +755,19 @@ def test_reader9_collate_refuses_a_behaviour_logp_that_is_not_one_per_token(logp
     right = make(Rollout)
     right.behaviour_logp = torch.tensor([-1.0, -2.0, -3.0])
     assert collate([right], pad_id=0)["behaviour_logp"].tolist() == [[-1.0, -2.0, -3.0]]
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (4,)])
+def test_reader10_policy_loss_refuses_a_log_mu_that_is_not_one_per_token(shape):
+    """Both policy_losses took a per-sequence log mu ([batch, 1], or [batch]) and broadcast it over
+    every token: is_ratio_mean 5.96 on fresh data, no error (the collates refuse it, a copied loss
+    did not). Both refuse it now; the right shape still gives rho = 1."""
+    logp = -torch.rand(4, 3) - 0.1
+    mask, advantage = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])
+    per_sequence = logp.sum(1).reshape(shape)
+    with pytest.raises(ValueError, match=r"behaviour_logp \[" + ", ".join(map(str, shape))):
+        policy_loss(logp, per_sequence, advantage, mask)
+    with pytest.raises(ValueError, match="must each be"):
+        minimal.policy_loss(logp, per_sequence, advantage, mask, is_cap=2.0)
+    _, metrics = policy_loss(logp, logp.clone(), advantage, mask)
+    assert metrics["is_ratio_mean"].item() == pytest.approx(1.0)
