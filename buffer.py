@@ -222,9 +222,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
                               equal). This is right only for losses that get no gradient from
                               them, so it needs the loss named (loss_type, beta; see
                               zero_advantage_filter_fits).
-      add(rollouts, limit)    store at most ``limit`` of them, the rest dropped and counted
-                              (train.py's add_to_buffer sets it with --new-per-update; its
-                              docstring says how).
+      add(rollouts, limit)    store at most ``limit`` of them (None: all), the first ones; the
+                              rest are dropped and counted (train.py sets a limit with
+                              --new-per-update, so that S are stored per K steps).
     """
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,

@@ -181,7 +181,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token
 def loss_metrics(rho, log_rho, term, real, loss_type: str, is_cap: float, epsilon: float,
                  kl=None) -> dict:
     """Figures of one loss over the real tokens (``real`` is the mask as booleans). They are 0-dim
-    tensors, because reading one with float() waits for a GPU. The caller decides when.
+    tensors, because reading one (float(), .item()) waits for a GPU: update_step reads them all
+    at once, after the step; the engineered step adds them over micro-batches first.
       is_ratio_mean, is_ratio_max: of rho.
       is_truncated_frac: the fraction of tokens whose weight was cut to the cap C (tis), or whose
         clipped term was active (ppo).

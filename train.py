@@ -63,6 +63,16 @@ class Run:
     pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
     saved_state: dict | None = None     # the loop state the last checkpoint of this process holds
 
+    def mode_for_steps(self) -> None:
+        """The mode the steps run in (set after sampling and after each eval). Eval mode, as
+        minimal.py's: no dropout, so the trained function is the one that sampled. Training mode
+        only where --gradient-checkpointing needs it (transformers checkpoints only in training
+        mode). load_policy set every dropout rate to 0, and update_step refuses one that is not."""
+        if self.cfg.gradient_checkpointing:
+            self.model.train()
+        else:
+            self.model.eval()
+
 
 def parse_config(argv=None) -> Config:
     """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint)."""
@@ -87,6 +97,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     S: S more stored) take K updates; an eval when due, a checkpoint when due.
     task: the --task's prompts and reward. saved: the checkpoint --resume names, or None.
     stop: the signal handler.
+    With the defaults (S = 0, no --learning-starts, one process) b_here is B, add_to_buffer stores
+    the whole round, and holds() is len(buffer) >= B.
     What the named calls of infra/ do, so that the loop reads without them:
       budget_spent   --max-rounds rounds done, or --max-gen-tokens generated;
       eval_due       every --eval-every rounds (or at --eval-every-tokens / --eval-at-tokens);
@@ -103,7 +115,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
     b_here = distributed.share_size(cfg.batch_size)
     s_here = distributed.share_size(cfg.new_per_update)
-    update = the_update(cfg, state.world_size)      # replay_rl.update_step, the one you studied
+    update_step = the_update(cfg, state.world_size)     # replay_rl.update_step, as you read it
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
         if state.first_accuracy is None:
             with stop.round(run, "the first eval"):
@@ -112,7 +124,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
             with stop.round(run):           # a stop in it: saved as it began, done again on resume
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
-                rollouts, figures = generate(run, prompts)  # G each: log mu, r, A
+                rollouts, figures = sample_round(run, prompts)  # G each: log mu, r, A
                 add_to_buffer(run, rollouts, figures, b_here, s_here)   # FIFO, N; S: see its doc
                 if holds(run, b_here, s_here):              # B held (with S: S more stored)
                     for k in range(K):
@@ -121,7 +133,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                             state.lapsed_updates += K - k   # lapse, counted
                             break
                         with report.timed(state, "train"):
-                            metrics = update(run.model, run.optimizer, batch, **step_args(run))
+                            metrics = update_step(run.model, run.optimizer, batch,
+                                                  **step_args(run))
                         state.step += 1             # the policy's version (a skipped step too)
                         record_step(run, metrics, cfg.batch_size)   # its row, its counts
                 else:
@@ -138,9 +151,9 @@ def train_with_workers(cfg: Config, task: tasks.Task, stop: stopping.StopRequest
     """--generators: the paper's asynchronous system (async_rl.train_async). Worker processes
     generate the rounds; this process stores them and takes the steps, with train()'s helpers."""
     run = setup(cfg, task, saved, stop)
-    update = the_update(cfg, run.state.world_size)
+    update_step = the_update(cfg, run.state.world_size)
     with stop.keeping(run, save):
-        async_rl.train_async(run, sample_batch, functools.partial(take_step, update))
+        async_rl.train_async(run, sample_batch, functools.partial(take_step, update_step))
         stop_if_asked(run)
         return finish(run)
 
@@ -158,7 +171,7 @@ def draw_prompts(run: Run) -> list[str]:
     return distributed.share(run.rng.sample(run.task.train_prompts, run.cfg.prompts_per_round))
 
 
-def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
+def sample_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
     """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts),
     in eval mode (no dropout), timed."""
     cfg, state = run.cfg, run.state
@@ -172,20 +185,9 @@ def generate(run: Run, prompts: list[str]) -> tuple[list, dict]:
             temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
             log_mu="recorded",         # engineering: log mu taken while sampling, no second forward
             shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
-    mode_for_steps(run)
+    run.mode_for_steps()
     return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
-
-
-def mode_for_steps(run: Run) -> None:
-    """The mode the steps run in. Eval mode, as minimal.py's: no dropout, so the trained function
-    is the one that sampled. Training mode only where --gradient-checkpointing needs it
-    (transformers checkpoints only in training mode). load_policy set every dropout rate to 0,
-    and update_step refuses one that is not."""
-    if run.cfg.gradient_checkpointing:
-        run.model.train()
-    else:
-        run.model.eval()
 
 
 def add_to_buffer(run: Run, rollouts: list, figures: dict, b_here: int, s_here: int) -> None:
@@ -225,7 +227,7 @@ def must_hold(run: Run, b_here: int) -> int:
 def current_rollouts(run: Run) -> int:
     """Rollouts in the buffer sampled by the current policy: those stored since the last steps
     (each step advances the version, so any stored before is of an older one)."""
-    return sum(rollout.policy_version == run.state.step for rollout in run.buffer.items)
+    return sum(item.policy_version == run.state.step for item in run.buffer.items)
 
 
 def sample_batch(run: Run, b_here: int, max_uses: int | None = None) -> list | None:
@@ -331,7 +333,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, rng, out, state,
               reporter=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
               fast=fast)
-    mode_for_steps(run)
+    run.mode_for_steps()
     stop.watch(run)
     return run
 

@@ -25,7 +25,7 @@ def held_out_eval(run) -> float:
         with run.stop.abortable(state), report.timed(state, "eval"):
             means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
                 run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
-        run.model.train(run.cfg.gradient_checkpointing)  # as steps run: train.mode_for_steps
+        run.mode_for_steps()            # back to the mode the steps run in (train.Run)
         scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)
         run.reporter.row(state, {**scores, "eval_reward_errors": state.eval_reward_errors})
         with report.timed(state, "eval"):   # out of the wall clock, as the eval itself

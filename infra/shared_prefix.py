@@ -5,11 +5,12 @@ runs it once per rollout. Here every distinct prompt of the batch runs once, wit
 its keys and values are then copied to the rows that share it (index_select: the gradient of the
 copies sums back into the one prompt forward), and the completion columns run against them:
 
-    plain:          batch x (P + max_len - 1) token columns through the model
-    shared prefix:  prompts x P  +  batch x (max_len - 1)
+    plain:          batch x (Lp + max_len - 1) token columns through the model
+    shared prefix:  prompts x Lp  +  batch x (max_len - 1)
 
-P: the batch's prompt columns (its longest prompt), prompts: the distinct ones among them. At
-SmolLM2's settings (P = 47, max_len = 48), a batch of 4 groups of G = 4: 4 x 47 + 16 x 47 = 940
+Lp: the batch's prompt columns (collate's prompt_len, its longest prompt; not the README's P,
+prompts a round), prompts: the distinct ones among them. At
+SmolLM2's settings (Lp = 47, max_len = 48), a batch of 4 groups of G = 4: 4 x 47 + 16 x 47 = 940
 columns instead of 16 x 94 = 1,504 (0.63x); one group of G = 16: 47 + 16 x 47 = 799 instead of
 1,504 (0.53x). Attention still reads every prompt key from every completion row; the saving is the
 prompt's matmuls (projections, MLP) and their backward.
@@ -18,9 +19,9 @@ The same function, up to float rounding: each token sits at the same position wi
 (collate's position_ids, the full attention_mask), and under the causal mask a prompt column's keys
 and values do not depend on what follows it. The prompt's last column gives the logits of the first
 completion token, the completion columns but the last those of the others, as in completion_logp.
-What rounds differently: the prompt forward's attention sums over P key columns, the plain one's
-over P + max_len - 1 (masked ones included). tests/test_shared_prefix.py holds it to completion_logp
-(log pi_theta, rho on fresh data, the LoRA gradient) in float32 and float64.
+What rounds differently: the prompt forward's attention sums over Lp key columns, the plain
+one's over Lp + max_len - 1 (masked ones included). tests/test_shared_prefix.py holds it to
+completion_logp (log pi_theta, rho on fresh data, the LoRA gradient) in float32 and float64.
 
 Only the rows of one forward share: update_step_engineered's micro-batches each run their own, so
 a group split over two micro-batches runs its prompt twice. A batch whose prompts are all distinct
@@ -49,13 +50,13 @@ def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float 
     chunked_completion_logp, ``chunk`` real tokens at a time, from the decoder's hidden states;
     a model chunked_completion_logp would not chunk gets the whole logits, as with chunk 0.
 
-    Rows share a prompt when their prompt columns (ids and attention mask, the first P columns) are
+    Rows share a prompt when their prompt columns (ids and attention mask, the first Lp columns) are
     equal. For the prompts u = 0 .. U-1, row_of_prompt [U] and prompt_of_row [batch]:
-      1. prompt forward, [U, P], use_cache: the logits of column P - 1 score o_1; each layer's
-         keys and values [U, heads, P, dim] stay in the cache, with their graph;
-      2. those keys and values index_select-ed by prompt_of_row: [batch, heads, P, dim];
-      3. completion forward, input_ids[:, P:-1] [batch, max_len - 1] at collate's position_ids,
-         attention_mask all P + max_len - 1 columns: its logits score o_2 .. o_max_len;
+      1. prompt forward, [U, Lp], use_cache: the logits of column Lp - 1 score o_1; each layer's
+         keys and values [U, heads, Lp, dim] stay in the cache, with their graph;
+      2. those keys and values index_select-ed by prompt_of_row: [batch, heads, Lp, dim];
+      3. completion forward, input_ids[:, Lp:-1] [batch, max_len - 1] at collate's position_ids,
+         attention_mask all Lp + max_len - 1 columns: its logits score o_2 .. o_max_len;
       4. z = [prompt logits of each row's prompt, completion logits], [batch, max_len, vocab],
          and completion_logp's arithmetic: log softmax(z / T)[o_t], the entropy without gradient.
     """
@@ -65,25 +66,25 @@ def shared_prefix_logp(model, cols: dict[str, torch.Tensor], temperature: float 
     refuse_checkpointing(model)
     input_ids, mask, position = cols["input_ids"], cols["attention_mask"], cols["position_ids"]
     max_len = cols["completion_mask"].shape[1]
-    P = input_ids.shape[1] - max_len
-    prompt_of_row, row_of_prompt = distinct_prompts(input_ids[:, :P], mask[:, :P])
+    Lp = input_ids.shape[1] - max_len
+    prompt_of_row, row_of_prompt = distinct_prompts(input_ids[:, :Lp], mask[:, :Lp])
     if len(row_of_prompt) == len(prompt_of_row):           # nothing shared: the plain forward
         return completion_logp(model, cols, temperature)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if chunk and plain_head(base):
-        return chunked(base, cols, temperature, chunk, P, prompt_of_row, row_of_prompt)
+        return chunked(base, cols, temperature, chunk, Lp, prompt_of_row, row_of_prompt)
     # transformers renamed the forward's cache argument (past_key_values -> cache) during 5.x
     keyword = ("cache" if "cache" in inspect.signature(base.forward).parameters
                else "past_key_values")
     prompts = DynamicCache(config=base.config)
-    out = model(input_ids=input_ids[row_of_prompt, :P], attention_mask=mask[row_of_prompt, :P],
-                position_ids=position[row_of_prompt, :P], use_cache=True, logits_to_keep=1,
+    out = model(input_ids=input_ids[row_of_prompt, :Lp], attention_mask=mask[row_of_prompt, :Lp],
+                position_ids=position[row_of_prompt, :Lp], use_cache=True, logits_to_keep=1,
                 **{keyword: prompts})
     z = [out.logits.index_select(0, prompt_of_row)]          # [batch, 1, vocab]: scores o_1
     if max_len > 1:
-        rows = expand_rows(prompts, prompt_of_row, P, DynamicCache(config=base.config))
-        out = model(input_ids=input_ids[:, P:-1], attention_mask=mask[:, :-1],
-                    position_ids=position[:, P:-1], use_cache=True, **{keyword: rows})
+        rows = expand_rows(prompts, prompt_of_row, Lp, DynamicCache(config=base.config))
+        out = model(input_ids=input_ids[:, Lp:-1], attention_mask=mask[:, :-1],
+                    position_ids=position[:, Lp:-1], use_cache=True, **{keyword: rows})
         z.append(out.logits)                                 # [batch, max_len - 1, vocab]
     z = torch.cat(z, dim=1).float()                          # [batch, max_len, vocab]
     # from here on completion_logp's lines
@@ -106,7 +107,7 @@ def plain_head(causal_lm) -> bool:
             and not any(p.requires_grad for p in head.parameters()))
 
 
-def chunked(causal_lm, cols: dict[str, torch.Tensor], temperature: float, chunk: int, P: int,
+def chunked(causal_lm, cols: dict[str, torch.Tensor], temperature: float, chunk: int, Lp: int,
             prompt_of_row: torch.Tensor, row_of_prompt: torch.Tensor):
     """shared_prefix_logp's steps 1-3 through the decoder alone (the model without its lm_head):
     the hidden states that score o_1 .. o_max_len, [batch, max_len, hidden]; then the head and
@@ -119,14 +120,14 @@ def chunked(causal_lm, cols: dict[str, torch.Tensor], temperature: float, chunk:
     keyword = ("cache" if "cache" in inspect.signature(decoder.forward).parameters
                else "past_key_values")
     prompts = DynamicCache(config=causal_lm.config)
-    out = decoder(input_ids=input_ids[row_of_prompt, :P], attention_mask=mask[row_of_prompt, :P],
-                  position_ids=position[row_of_prompt, :P], use_cache=True,
+    out = decoder(input_ids=input_ids[row_of_prompt, :Lp], attention_mask=mask[row_of_prompt, :Lp],
+                  position_ids=position[row_of_prompt, :Lp], use_cache=True,
                   **{keyword: prompts})
     hidden = [out.last_hidden_state[:, -1:].index_select(0, prompt_of_row)]  # scores o_1
     if max_len > 1:
-        rows = expand_rows(prompts, prompt_of_row, P, DynamicCache(config=causal_lm.config))
-        out = decoder(input_ids=input_ids[:, P:-1], attention_mask=mask[:, :-1],
-                      position_ids=position[:, P:-1], use_cache=True, **{keyword: rows})
+        rows = expand_rows(prompts, prompt_of_row, Lp, DynamicCache(config=causal_lm.config))
+        out = decoder(input_ids=input_ids[:, Lp:-1], attention_mask=mask[:, :-1],
+                      position_ids=position[:, Lp:-1], use_cache=True, **{keyword: rows})
         hidden.append(out.last_hidden_state)                 # scores o_2 .. o_max_len
     hidden = torch.cat(hidden, dim=1)                        # [batch, max_len, hidden]
     real = cols["completion_mask"].bool()
@@ -149,17 +150,17 @@ def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     return as_tensor(prompt_of_row), as_tensor(row_of_prompt)
 
 
-def expand_rows(cache, prompt_of_row: torch.Tensor, P: int, into):
-    """``into`` (an empty DynamicCache) given each layer's keys and values [U, heads, P, dim] of
-    ``cache`` at the rows prompt_of_row: [batch, heads, P, dim]. index_select's backward adds each
+def expand_rows(cache, prompt_of_row: torch.Tensor, Lp: int, into):
+    """``into`` (an empty DynamicCache) given each layer's keys and values [U, heads, Lp, dim] of
+    ``cache`` at the rows prompt_of_row: [batch, heads, Lp, dim]. index_select's backward adds each
     row's gradient into its prompt's. Refuses a cache that is not one plain DynamicLayer per layer
-    holding the P prompt columns."""
+    holding the Lp prompt columns."""
     layers = getattr(cache, "layers", None) or []
     held = sorted({(type(layer).__name__, getattr(layer, "get_seq_length", lambda: None)())
                    for layer in layers}, key=str)
-    if held != [("DynamicLayer", P)]:
+    if held != [("DynamicLayer", Lp)]:
         raise ValueError(f"shared_prefix_logp needs a cache of plain keys/values per layer, each "
-                         f"holding the {P} prompt columns; this model's layers hold {held} "
+                         f"holding the {Lp} prompt columns; this model's layers hold {held} "
                          "(layer kind, columns: a sliding window, linear attention, no cache): "
                          "use completion_logp")
     for index, layer in enumerate(layers):
