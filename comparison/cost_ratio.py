@@ -54,6 +54,7 @@ PAIR = ("replay", "on_policy")
 BASES = ("rollouts", "tokens")
 LOW, HIGH, POINTS = 0.5, 30.0, 81           # the grid of the JSON and the plot: log-spaced
 SEARCH = (0.01, 1e4, 4001)                  # where crossings are looked for, and how finely
+MAX_FLIPPED = 20    # seeds up to which the exact sign-flip p is given (2^n sums; both: 28 seeds)
 # docs/gpu.md, Speed (tested against the page): a round of bench.py with the fast path, and the
 # generation shares of a round measured without it; 64 rollouts generated and 64 trained a round
 GPU_ROUND_MS = {"generation": 1461.0, "training": 229.0}
@@ -208,7 +209,8 @@ def readout(all_curves: dict, grid: int = POINTS) -> dict:
                           for k in ("low_90", "high_90", "low_95", "high_95")},
             "ranges_90": ranges(pp, basis),
             "marked": {name: {**at(pp, c, basis), "log_compute_ratio": decisive.paired_test(
-                log_ratios(pp, c, basis))} for name, c in marks.items()},
+                log_ratios(pp, c, basis), permutation=len(pp) <= MAX_FLIPPED)}
+                for name, c in marks.items()},
             "at_zero": at(pp, 0.0, basis), "at_infinity": {**at(pp, math.inf, basis),
                                                            "c": "infinity"}}
     return out

@@ -157,3 +157,17 @@ def test_fewer_than_two_paired_seeds_is_refused_in_one_line(monkeypatch, capsys)
     with pytest.raises(SystemExit):
         cost_ratio.main(["--comparison", "confirmatory", "--output", "-"])
     assert "fewer than 2 seeds with both arms' records" in capsys.readouterr().err
+
+
+def test_the_sign_flip_test_is_left_out_only_past_max_flipped_seeds():
+    """--comparison both pairs 28 seeds: 2^28 sign flips would take hours, so past MAX_FLIPPED
+    the exact sign-flip p is left out (None); the t figures are the same either way."""
+    import compare_decisive as decisive
+    d = [-0.3, 0.1, -0.2, -0.05, 0.02]      # sum -0.43; |d| sums to 0.67
+    full, lean = decisive.paired_test(d), decisive.paired_test(d, permutation=False)
+    # a flip's sum is 2 x (its plus side) - 0.67, at most -0.43 for a plus side of at most 0.12:
+    # none, 0.02, 0.05, 0.1, 0.05 + 0.02, 0.1 + 0.02: 6 of the 32
+    assert lean["p_permutation"] is None and full["p_permutation"] == pytest.approx(6 / 32)
+    assert {k: v for k, v in lean.items() if k != "p_permutation"} == \
+        {k: v for k, v in full.items() if k != "p_permutation"}
+    assert cost_ratio.MAX_FLIPPED < 28
