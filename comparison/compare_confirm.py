@@ -73,7 +73,15 @@ def test(all_curves: dict, seeds: list[int], never: float) -> dict:
     return {"log_token_ratio": t, "token_ratio": math.exp(t["mean"]),
             "token_ratio_90": [math.exp(lo), math.exp(hi)], "saving_detected": detected,
             f"saving_of_{round(SAVING * 100)}pct_excluded": excluded, "verdict": words,
-            "seeds_for_90pct_power": seeds_needed(t["sd"]) if t["n"] > 1 else None}
+            "seeds_for_90pct_power": seeds_needed(t["sd"]) if t["n"] > 1 else None,
+            "power_25pct_at_observed_sd": power_at(t["n"], t["sd"]) if t["n"] > 1 else None}
+
+
+def power_at(n: int, sd: float, saving: float = SAVING, alpha: float = ALPHA) -> float:
+    """The power this look had to detect log(1 - saving) at the observed sd (the plan: the page
+    states it afterwards), exact as seeds_needed's."""
+    from power import exact_power
+    return exact_power(n, -math.log(1 - saving) / sd, alpha)
 
 
 def verdict(all_curves: dict) -> dict:

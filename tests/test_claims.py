@@ -12,11 +12,17 @@ import power
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+CLAIMS = "## The paper's claims, as the decisive comparison decides them (issue 59)\n"
+
+
 def test_docs_results_opens_with_the_table_the_summaries_give():
+    """The page opens with the confirmatory comparison's section, then the paper's claims: the
+    decisive table, the earlier comparisons' table, before the next section."""
     text = open(os.path.join(ROOT, "docs", "results.md")).read()
     table = claims.table()
-    assert table in text
-    assert text.index(table) < text.index("\n## ")          # before the first section: it opens the page
+    assert text.split("\n## ", 1)[1].startswith("The confirmatory comparison (issue 67)")
+    claims_section = text.split(CLAIMS, 1)[1].split("\n## ", 1)[0]
+    assert table in claims_section and claims.decisive_table() in claims_section
 
 
 def test_docs_results_opens_with_the_preregistered_table_first():
@@ -335,7 +341,7 @@ def test_the_pages_opening_states_only_figures_of_the_decisive_json():
     the tables' own."""
     import re
     text = open(os.path.join(ROOT, "docs", "results.md")).read()
-    opening = text[:text.index(claims.table())]
+    opening = text[text.index(CLAIMS):text.index(claims.table())]
     known = decisive_figures()
     table = claims.decisive_table() + claims.decisive_pairs_table()
     quoted = re.findall(r"(?:(?:\d+\.\d\dx|[+-]\d\.\d{3,4}) )?\[[-+\d][^\]]*\]",
@@ -414,28 +420,73 @@ def test_issue67s_readings_on_the_page_are_their_jsons():
 
 
 def test_the_readme_states_issue67s_readings_as_their_jsons():
-    """README's "Does replay pay?": the look's power, the 95% interval's low end, the break-evens
-    and where the 90% interval lies, each from its JSON."""
+    """README's "Does replay pay?": the confirmatory verdict, ratio, p, power and seeds; the
+    decisive look's power and 40% reading; this CPU's compute (decisive runs); the pooled
+    break-even and where its 90% interval lies (both comparisons), each from its JSON."""
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = " ".join(readme.split("## Does replay pay?\n", 1)[1].split("\n## ", 1)[0].split())
+    v = claims.read("docs/results/smollm2_confirmatory.json")
+    p = v["primary"]
     c = claims.read("docs/results/smollm2_decisive_checks.json")
     r = claims.read("docs/results/smollm2_decisive_cost_ratio.json")
-    rb, tb = r["bases"]["rollouts"], r["bases"]["tokens"]
+    both = claims.read("docs/results/smollm2_both_cost_ratio.json")["bases"]["rollouts"]
+    rb = r["bases"]["rollouts"]
+    lo, hi = p["token_ratio_90"]
+    assert v["complete"] and v["seeds"] == list(range(200, 218))
+    assert p["verdict"] == "neither a saving detected nor a 25% saving excluded"
+    assert section.startswith("**On SmolLM2-135M: not decided.** A pre-registered confirmatory "
+                              "comparison of 18 new seeds found " + p["verdict"])
+    assert not p["saving_detected"] and lo < 0.75 < 1 < hi            # "neither" by the plan
     for said in (
+            f"{p['token_ratio']:.2f}x [{lo:.2f}, {hi:.2f}], one-sided p "
+            f"{p['log_token_ratio']['p_t']:.3f}, above the plan's 0.05",
+            f"the test had power {p['power_25pct_at_observed_sd']:.2f} for a 25% saving",
+            f"so {p['seeds_for_90pct_power']} would be needed",
             f"power {c['power']['saving_25pct']['at_look_alpha']:.2f} for a 25% saving",
             f"At SmolLM2's ratio on this CPU, {rb['marked']['cpu']['c']:.2f}, replay's compute to "
             "the target "
             f"was {claims.written(rb['marked']['cpu']['log_compute_ratio'], 'ratio')} "
             "on-policy's: more on average, but the interval holds 1, so not detected",
-            f"broke even with on-policy's at a ratio of {rb['break_even'][0]:.1f} on average",
+            f"broke even with on-policy's at a ratio of {both['break_even'][0]:.1f} on average",
             "wholly above 1 (replay costs more) below a ratio of "
-            f"{rb['crossings']['low_90'][0]:.1f}, and wholly below 1 (replay saves) at no ratio"):
+            f"{both['crossings']['low_90'][0]:.1f}, and wholly below 1 (replay saves) above "
+            f"{both['crossings']['high_90'][0]:.0f}"):
         assert said in section, said
     lo, hi = rb["marked"]["cpu"]["ratio_90"]
     assert lo < 1 < hi and rb["marked"]["cpu"]["ratio"] > 1     # "more on average ... holds 1"
-    assert rb["crossings"]["high_90"] == [] and tb["crossings"]["high_90"][0] > 30
+    assert len(both["crossings"]["high_90"]) == 1 and len(both["break_even"]) == 1
     assert c["exclusion_of_40pct"]["low_end_95"] < 0.6 < c["exclusion_of_40pct"]["low_end_90"]
     assert "a 40% saving excluded at 0.05 only" in section
+
+
+def test_the_confirmatory_section_states_its_jsons():
+    """docs/results.md's confirmatory section: the verdict and each figure from
+    smollm2_confirmatory.json, and the holding and cost-ratio tables their scripts print."""
+    import cost_ratio
+    import holding
+    text = open(os.path.join(ROOT, "docs", "results.md")).read()
+    section = text.split("## The confirmatory comparison (issue 67)", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    v = claims.read("docs/results/smollm2_confirmatory.json")
+    p, s = v["primary"], v["sensitivity"]
+    t = p["log_token_ratio"]
+    for said in (
+            f"**Verdict: {p['verdict']}.**",
+            f"{p['token_ratio']:.2f}x on-policy's generated tokens [{p['token_ratio_90'][0]:.2f}, "
+            f"{p['token_ratio_90'][1]:.2f}]",
+            f"one-sided p {t['p_t']:.3f} (t) and {t['p_permutation']:.3f} (sign-flip)",
+            f"{v['reached']['on_policy']} of 18 on-policy runs and {v['reached']['replay']} of 18 "
+            "replay runs reached 0.45",
+            f"{s['token_ratio']:.2f}x [{s['token_ratio_90'][0]:.2f}, {s['token_ratio_90'][1]:.2f}], "
+            f"p {s['log_token_ratio']['p_t']:.3f}, the same verdict",
+            f"The per-seed sd of the log ratio was {t['sd']:.3f}",
+            f"power {p['power_25pct_at_observed_sd']:.2f}, not 0.90",
+            f"would take {p['seeds_for_90pct_power']} seeds"):
+        assert said in flat, said
+    assert s["same_verdict"] and t["p_t"] > 0.05 and t["p_permutation"] > 0.05
+    assert holding.table(os.path.join("docs", "results", "smollm2_confirmatory_holding.json")) in section
+    for name in ("smollm2_confirmatory_cost_ratio.json", "smollm2_both_cost_ratio.json"):
+        assert cost_ratio.table(os.path.join("docs", "results", name)) in section
 
 
 @pytest.mark.parametrize("i90, i95, side, words", [

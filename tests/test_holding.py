@@ -90,3 +90,13 @@ def test_the_committed_json_is_what_the_script_gives_and_the_page_shows(tmp_path
     assert arms["on_policy"]["fell"] == 0
     page = open(os.path.join(ROOT, "docs", "results.md")).read()
     assert holding.table(name) in page
+
+
+def test_the_confirmatory_json_is_what_the_script_gives_and_the_page_shows(tmp_path):
+    name = os.path.join("docs", "results", "smollm2_confirmatory_holding.json")
+    committed = json.load(open(os.path.join(ROOT, name)))
+    again = holding.main(["--comparison", "confirmatory", "--output", str(tmp_path / "h.json")])
+    assert json.loads(json.dumps(again)) == committed
+    assert set(committed["arms"]) == {"on_policy", "replay"} and len(committed["seeds"]) == 18
+    page = open(os.path.join(ROOT, "docs", "results.md")).read()
+    assert holding.table(name) in page

@@ -277,3 +277,24 @@ def test_the_decisive_verdict_and_checks_jsons_are_what_the_records_give(capsys)
         committed = json.load(open(os.path.join(root, "docs", "results", name)))
         assert json.loads(json.dumps(again, default=lambda x: None)) == committed, name
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_the_confirmatory_verdict_json_is_what_its_records_give(capsys):
+    """docs/results/smollm2_confirmatory.json as compare_confirm.py --verdict computes it from the
+    36 committed records today: every planned seed, one of the plan's verdicts."""
+    import json
+    import os
+    import compare_confirm
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    again = compare_confirm.main(["--verdict"])
+    capsys.readouterr()
+    committed = json.load(open(os.path.join(root, "docs", "results", "smollm2_confirmatory.json")))
+    assert json.loads(json.dumps(again, default=lambda x: None)) == committed
+    assert committed["complete"] and committed["seeds"] == committed["planned_seeds"]
+    assert committed["seeds"] == list(range(200, 218))
+    assert committed["primary"]["verdict"] in (
+        "a saving detected", "a saving detected, and a 25% saving excluded",
+        "a 25% saving excluded (no saving detected)",
+        "neither a saving detected nor a 25% saving excluded")
+    assert committed["primary"]["log_token_ratio"]["n"] == 18
