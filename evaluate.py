@@ -13,7 +13,7 @@ reward (eval_accuracy, as in train.py's eval lines: for the same prompts, the sa
 of one process, batched alike) and by the task's named eval rewards (GSM8K: eval_strict,
 eval_lenient). With --num-generations n, n samples per prompt give pass@k by the unbiased
 estimator of Chen et al. 2021 (Codex), per prompt with c of its n samples correct (reward > 0):
-    pass@k = 1 - C(n - c, k) / C(n, k),  averaged over the prompts,
+    pass@k = 1 - binom(n - c, k) / binom(n, k),  averaged over the prompts,
 reported for k = 1 (the mean fraction correct) and k = n (a prompt counts if any sample is correct).
 One line a metric on stdout; all of them in eval.json in the folder that holds the adapter (the run,
 or the checkpoint), or in --output.

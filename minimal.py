@@ -168,6 +168,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
     rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
+    if not torch.isfinite(rewards).all():       # a NaN A would poison every step drawing it
+        raise ValueError("reward_fn returned a reward that is not finite")
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
     baselines = rewards.view(-1, G).mean(1)
     rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],

@@ -65,7 +65,8 @@ def completion_logp(model, cols: dict[str, torch.Tensor], temperature: float = 1
     refuse_active_dropout(model)
     max_len = cols["completion_mask"].shape[1]
     # The last column is not fed. Its logits would predict a token after the sequence, and under
-    # the causal mask no other column depends on it.
+    # the causal mask no other column depends on it. logits_to_keep=max_len keeps the logits of
+    # the last max_len columns fed: those that score the completion's tokens.
     out = model(input_ids=cols["input_ids"][:, :-1], attention_mask=cols["attention_mask"][:, :-1],
                 position_ids=cols["position_ids"][:, :-1], logits_to_keep=max_len)
     z = out.logits.float()                                   # [batch, max_len, vocab]

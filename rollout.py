@@ -7,6 +7,7 @@ Read in this order:
   - sample_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
   - forward_log_mu: log mu as minimal.py takes it, a no-grad forward after generate. Until the
     next step the model is mu, so this is completion_logp, the function the loss calls.
+  - completion_lengths and end_token_ids: two small helpers of the above.
 The method ends there. Below it, each after a marker line:
   - engineering: the recorder BehaviourLogProbs (log_mu="recorded", which train.py asks for). It
     takes log mu while generate samples and so saves that forward (one over every sampled
@@ -96,6 +97,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     texts = [tokenizer.decode(row[:k], skip_special_tokens=True)
              for row, k in zip(completions.tolist(), kept)]
     rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
+    if not torch.isfinite(rewards).all():   # a NaN A would skip every step that draws its group
+        bad = rewards[~torch.isfinite(rewards)][0].item()
+        raise ValueError(f"reward_fn returned {bad} for a completion: rewards must be finite")
     advantages = group_advantages(rewards.view(-1, G)).view(-1)
     if not advantages.any():
         warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
@@ -184,6 +188,7 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
     prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as generate
     returned them; lengths: the tokens each keeps (completion_lengths). rows: completions scored
     at a time, so that the logits held are [rows, max_len, vocab], not [batch, ...]."""
+    # stand-in Rollouts, only to reuse collate: it reads their ids and T; the rest are dummies
     stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
                          behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,
                          policy_version=0, baseline=0.0, temperature=temperature)

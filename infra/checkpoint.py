@@ -123,10 +123,11 @@ def newest_first(path: str) -> list[str]:
 
 def settle(run_dir: str) -> None:
     """Finish a save of a round already saved that was stopped within ``swap_in``. An
-    .old-checkpoint-R without checkpoint-R: stopped between the two renames, the new one whole in
-    .tmp-checkpoint-R (state.json is its last file); it is renamed in, as the save would have done
-    next (whichever of the two comes second finds nothing to move), and the old one removed. An
-    .old-checkpoint-R beside checkpoint-R, the new .tmp-checkpoint-R gone: left over, removed."""
+    .old-checkpoint-<round> without checkpoint-<round>: stopped between the two renames, the new
+    one whole in .tmp-checkpoint-<round> (state.json is its last file); it is renamed in, as the
+    save would have done next (whichever of the two comes second finds nothing to move), and the
+    old one removed. An .old-checkpoint-<round> beside checkpoint-<round>, the new
+    .tmp-checkpoint-<round> gone: left over, removed."""
     if not os.path.isdir(run_dir):
         return
     for name in os.listdir(run_dir):

@@ -468,7 +468,7 @@ def summary(cfg, state, run_dir: str) -> None:
             f"/ to train on one")
         say(cfg, f"for reference, from another experiment (docs/results.md): replay (y = 2) broke "
             f"even with on-policy at a cost ratio of {BREAK_EVEN} on SmolLM2-135M's sums (the "
-            f"mean of 28 seeds; replay cost more below {COSTS_MORE_BELOW} and saved above "
+            f"mean of 28 seeds; replay cost more below {COSTS_MORE_BELOW} and cost less above "
             f"{SAVES_ABOVE}, at 90%); a figure of that model and task, not of this run, "
             f"whose ratio is {'below' if cost_ratio < BREAK_EVEN else 'above'} it")
     for line in reuse_lines(state) + (async_lines(state, cfg.generators) if cfg.generators else []):

@@ -147,7 +147,7 @@ def test_the_end_of_run_summary_says_where_the_runs_cost_ratio_stands(capsys):
         out = capsys.readouterr().out
         assert f"generation/training cost ratio {gen / 10:.2f}: seconds to generate one" in out
         assert (f"replay (y = 2) broke even with on-policy at a cost ratio of 3.4 on SmolLM2-135M"
-                in out and "(the mean of 28 seeds; replay cost more below 1.3 and saved above 19, "
+                in out and "(the mean of 28 seeds; replay cost more below 1.3 and cost less above 19, "
                 "at 90%)" in out and f"not of this run, whose ratio is {where} it" in out)
 
 

@@ -771,3 +771,22 @@ def test_reader10_policy_loss_refuses_a_log_mu_that_is_not_one_per_token(shape):
         minimal.policy_loss(logp, per_sequence, advantage, mask, is_cap=2.0)
     _, metrics = policy_loss(logp, logp.clone(), advantage, mask)
     assert metrics["is_ratio_mean"].item() == pytest.approx(1.0)
+
+
+def test_reader12_a_reward_that_is_not_finite_is_refused(policy, addition):
+    """generate_rollouts (both) took a NaN reward silently: A NaN for its group, and every update
+    that drew the group skipped (loss nan, skipped 1). Both refuse it now, in one line."""
+    model, tokenizer = policy
+    model.eval()
+    for bad in (math.nan, math.inf):
+        reward = lambda prompt, completion, bad=bad: bad if prompt == "12+34=" else 1.0
+        with pytest.raises(ValueError, match=f"reward_fn returned {bad}"):
+            generate_rollouts(model, tokenizer, ["12+34=", "5+6="], reward, num_generations=2,
+                              max_new_tokens=3, policy_version=0)
+        with pytest.raises(ValueError, match="not finite"):
+            minimal.generate_rollouts(model, tokenizer, ["12+34=", "5+6="], reward,
+                                      num_generations=2, max_new_tokens=3, temperature=1.0,
+                                      policy_version=0)
+    rollouts, _ = generate_rollouts(model, tokenizer, ["12+34="], lambda p, c: 0.5,
+                                    num_generations=2, max_new_tokens=3, policy_version=0)
+    assert [r.reward for r in rollouts] == [0.5, 0.5]
