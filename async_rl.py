@@ -29,7 +29,7 @@ for every S rollouts stored (S > 0). Two things differ, because the workers samp
 trainer steps. Every round that arrives is stored whole, and the count of stored rollouts carries
 over (the synchronous loop stores just the S it needs and drops the rest of the round). And a
 stored rollout may be of an older policy than the trainer's. --learning-starts is the synchronous
-loop's only. Three flags are this loop's own:
+loop's only. Four flags are this loop's own:
   --step-when-held, the paper's trainer: a step whenever the buffer holds B, K and S aside, so
     that the two speeds set the replay ratio (measured, not chosen), up to --max-uses U (default
     4: a rollout used U times leaves, so that a pause of generation cannot turn into unbounded

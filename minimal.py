@@ -99,7 +99,7 @@ class Rollout:
     uses: int = 0                   # training batches it has been in
 
 
-# ---- what sampling uses: the group advantages ---------------------------------------------
+# ---- 1. the group advantages (sampling uses them) --------------------------------------------
 def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
     """A = (r - mean r) / (std r + std_floor) within each group, with the sample std. A group is a
     row of rewards [P, G]: prompt p's G rewards (a flat list viewed as [P, G] must be prompt-major,
@@ -109,7 +109,7 @@ def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Te
     return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
 
 
-# ---- 1. sampling G completions per prompt, and log mu --------------------------------------------
+# ---- 2. sampling G completions per prompt: log mu, rewards, advantages --------------------------
 def end_ids(model, tokenizer) -> list[int]:
     """The ids that end a completion: the tokenizer's EOS, and any the model's generation_config
     lists (a chat model often ends its turn with another token, e.g. Llama-3's <|eot_id|>)."""
@@ -164,7 +164,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     z = logits[:, prompt_len - 1:-1].float()                        # [P*G, max_len, vocab]
     behaviour_logp = torch.log_softmax(z / temperature, -1).gather(-1, completions[..., None])
     behaviour_logp = behaviour_logp.squeeze(-1)
-    # 2. rewards, and advantages within each group of G
+    # rewards, and advantages within each group of G
     texts = tokenizer.batch_decode(completions.masked_fill(~mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
     rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])

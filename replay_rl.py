@@ -321,7 +321,8 @@ DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop", "jitter")
 def dropout_rates(model):
     """Every rate of randomness that the model applies in training mode only, as (where, owner,
     attribute, rate). There are three kinds:
-      - a torch.nn.Dropout's p;
+      - the p of any torch dropout module (Dropout, Dropout1d-3d, AlphaDropout and the like: every
+        subclass of torch's _DropoutNd);
       - the float attributes that layers pass to F.dropout themselves (attention_dropout in
         Llama/Qwen, OPT's dropout, layerdrop), and a mixture of experts' router jitter
         (Mixtral's jitter_noise);
@@ -334,7 +335,7 @@ def dropout_rates(model):
     for name, module in model.named_modules():
         for attr, value in list(vars(module).items()):
             if isinstance(value, float) and (
-                    (attr == "p" and isinstance(module, torch.nn.Dropout))
+                    (attr == "p" and isinstance(module, torch.nn.modules.dropout._DropoutNd))
                     or any(word in attr.lower() for word in DROPOUT_WORDS)):
                 yield name, module, attr, value
         config = getattr(module, "config", None)

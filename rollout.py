@@ -181,13 +181,13 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
 
 @torch.no_grad()
 def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
-                   lengths: torch.Tensor, *, pad_id: int, temperature: float, rows: int = 8):
+                   lengths: torch.Tensor, *, pad_id: int, temperature: float, at_a_time: int = 8):
     """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
     forward after generate. Until the next optimizer step the model is mu, so log mu is the
     log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
     prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as generate
-    returned them; lengths: the tokens each keeps (completion_lengths). rows: completions scored
-    at a time, so that the logits held are [rows, max_len, vocab], not [batch, ...]."""
+    returned them; lengths: the tokens each keeps (completion_lengths). at_a_time: completions
+    scored at a time, so that the logits held are [at_a_time, max_len, vocab], not [batch, ...]."""
     # stand-in Rollouts, only to reuse collate: it reads their ids and T; the rest are dummies
     stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
                          behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,
@@ -195,8 +195,8 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
                  for prompt, row, k in zip(prompt_ids, completions, lengths.tolist())]
     device = next(model.parameters()).device
     logp, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
-    for start in range(0, len(stand_ins), rows):
-        cols = collate(stand_ins[start:start + rows], pad_id, device=device)
+    for start in range(0, len(stand_ins), at_a_time):
+        cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device)
         part_logp, part_entropy = completion_logp(model, cols, temperature)
         end, width = start + part_logp.shape[0], part_logp.shape[1]
         logp[start:end, :width] = part_logp.float().cpu()

@@ -115,8 +115,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
     b_here = distributed.share_size(cfg.batch_size)
     s_here = distributed.share_size(cfg.new_per_update)
-    # replay_rl.update_step as you read it (engineered, the same step, only with
-    # --micro-batch-size, float16 weights or torchrun: the_update)
+    # replay_rl.update_step as you read it; with --micro-batch-size, float16 weights or torchrun,
+    # the same step engineered (the_update says which)
     update_step = the_update(cfg, state.world_size)
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
         if state.first_accuracy is None:

@@ -790,3 +790,22 @@ def test_reader12_a_reward_that_is_not_finite_is_refused(policy, addition):
     rollouts, _ = generate_rollouts(model, tokenizer, ["12+34="], lambda p, c: 0.5,
                                     num_generations=2, max_new_tokens=3, policy_version=0)
     assert [r.reward for r in rollouts] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("dropout", [torch.nn.AlphaDropout, torch.nn.Dropout1d,
+                                     torch.nn.FeatureAlphaDropout])
+def test_reader13_every_torch_dropout_class_is_found_and_refused(dropout):
+    """AlphaDropout and Dropout1d are not subclasses of nn.Dropout: in training mode they passed
+    refuse_active_dropout while two forwards differed (rho != 1 on fresh data), silently. Every
+    subclass of torch's _DropoutNd is found now; at rate 0, or in eval mode, none is refused."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), dropout(0.2), torch.nn.Linear(4, 2))
+    model.train()
+    found = [(attr, rate) for _, _, attr, rate in replay_rl.dropout_rates(model)]
+    assert found == [("p", 0.2)]
+    with pytest.raises(ValueError, match="active dropout"):
+        replay_rl.refuse_active_dropout(model)
+    model.eval()
+    replay_rl.refuse_active_dropout(model)
+    model.train()
+    model[1].p = 0.0
+    replay_rl.refuse_active_dropout(model)
