@@ -365,7 +365,7 @@ def start(cfg, task, world: int) -> None:
     R, N, B, K = cfg.rollouts_per_round, cfg.buffer_size, cfg.batch_size, cfg.updates_per_round
     say(cfg, f"task {task.name}: {len(task.train_prompts)} training prompts, "
         f"{min(cfg.eval_prompts, len(task.eval_prompts))} held-out eval prompts")
-    say(cfg, f"round: R={R} new rollouts ({cfg.prompts_per_round} prompts x "
+    say(cfg, f"round: P x G = {R} new rollouts ({cfg.prompts_per_round} prompts x "
         f"{cfg.num_generations}); K={K} updates of B={B} from a buffer of N={N}"
         + (f"; {world} processes, each 1/{world} of R, N and B" if world > 1 else ""))
     say(cfg, replay_line(cfg))
@@ -385,8 +385,8 @@ def replay_line(cfg) -> str:
     if not cfg.reuse:
         return f"each stored rollout used once (--no-reuse); {loss}"
     if S:
-        line = (f"replay ratio K*B/S = {K * B / S:.2f} uses per stored rollout (updates once S={S} "
-                f"new ones are stored); staleness horizon N/S = {N / S:.1f} updates")
+        line = (f"replay ratio K*B/S = {K * B / S:.2f} uses per stored rollout (K updates for "
+                f"every S={S} stored); staleness horizon N/S = {N / S:.1f} updates")
         if K * B == S == N:
             line += " (on-policy: each used once, at age 0)"
     elif cfg.step_when_held:
