@@ -262,7 +262,8 @@ def completion_logp(model, cols: dict, temperature: float):
                    position_ids=cols["position_ids"][:, :-1]).logits[:, -max_len:]
     tokens = cols["input_ids"][:, -max_len:]
     logp = torch.log_softmax(logits.float() / temperature, -1)     # [batch, max_len, vocab]
-    entropy = -(logp.exp() * logp).sum(-1).detach()
+    with torch.no_grad():                                       # H, a metric: no graph kept
+        entropy = -(logp.exp() * logp).sum(-1)
     return logp.gather(-1, tokens[..., None]).squeeze(-1), entropy
 
 

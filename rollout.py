@@ -156,10 +156,13 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
     gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                   pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    # refused before any model work: active dropout, and settings that would change mu
-    refuse_active_dropout(model)
-    refuse_sampling_changes(model, gen_config)
-    recorder = BehaviourLogProbs(model, gen_config) if record else None     # engineering
+    # refused before any model work: active dropout, and settings that would change mu (the
+    # recorder, engineering, refuses both itself when it is made)
+    if record:
+        recorder = BehaviourLogProbs(model, gen_config)
+    else:
+        refuse_active_dropout(model)
+        refuse_sampling_changes(model, gen_config)
     extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
                                                          input_ids.shape[1] + max_new_tokens)
     if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
