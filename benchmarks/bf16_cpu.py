@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 import tasks                                            # noqa: E402
 from buffer import collate                              # noqa: E402
-from infra import pretrained                            # noqa: E402
+from infra import pretrained, runfolder                # noqa: E402
 from infra.policy import load_policy                    # noqa: E402
 from replay_rl import completion_logp, update_step      # noqa: E402
 from rollout import generate_rollouts                   # noqa: E402
@@ -131,8 +131,7 @@ def main(argv=None) -> dict:
         print(f"{name}: |log rho| mean {r['abs_log_rho_mean']:.2e} max {r['abs_log_rho_max']:.2e} "
               f"over {r['tokens']} tokens: {'within' if r['within_bar'] else 'NOT within'} {BAR:g}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    runfolder.write_json(args.out, result, indent=1)        # whole or not at all
     return result
 
 

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tasks                                    # noqa: E402
-from infra import pretrained                    # noqa: E402
+from infra import pretrained, runfolder        # noqa: E402
 from infra.policy import load_policy            # noqa: E402
 from rollout import (PLAIN_SAMPLING, BehaviourLogProbs, end_token_ids,  # noqa: E402
                      prefill_once)
@@ -127,8 +127,7 @@ def main(argv=None) -> dict:
               "note": args.note, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=1))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    runfolder.write_json(args.out, result, indent=1)        # whole or not at all
     return result
 
 
