@@ -100,13 +100,17 @@ class Rollout:
 
 
 # ---- 1. the group advantages (sampling uses them) --------------------------------------------
-def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
-    """A = (r - mean r) / (std r + std_floor) within each group, with the sample std. A group is a
-    row of rewards [P, G]: prompt p's G rewards (a flat list viewed as [P, G] must be prompt-major,
-    as generate_rollouts makes it). A group of equal rewards gets exactly 0: it teaches nothing."""
-    mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)
-    equal = (rewards == rewards[:, :1]).all(1, keepdim=True)
-    return torch.where(equal, 0.0, (rewards - mean) / (std + std_floor))
+def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_floor: float = 1e-4):
+    """A = (r - mean r) / (std r + std_floor), with the mean and sample std over each group: the
+    completions of one prompt. rewards: [n]; group: [n], which prompt each completion answers (any
+    ids, any order). A group of equal rewards (or of one) gets exactly 0: it teaches nothing."""
+    advantages = torch.zeros_like(rewards)
+    for g in group.unique():
+        members = group == g
+        r = rewards[members]
+        if (r != r[0]).any():
+            advantages[members] = (r - r.mean()) / (r.std() + std_floor)
+    return advantages
 
 
 # ---- 2. sampling G completions per prompt: log mu, rewards, advantages --------------------------
@@ -170,7 +174,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     rewards = torch.tensor([reward_fn(prompts[i // G], text) for i, text in enumerate(texts)])
     if not torch.isfinite(rewards).all():       # a NaN A would poison every step drawing it
         raise ValueError("reward_fn returned a reward that is not finite")
-    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    advantages = group_advantages(rewards, torch.arange(len(texts)) // G)   # i answers i // G
     baselines = rewards.view(-1, G).mean(1)
     rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
                         completion_ids=completions[i, :length[i]],

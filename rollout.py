@@ -2,7 +2,7 @@
 log mu(o_t), rewards and group-normalized advantages.
 
 Read in this order:
-  - group_advantages: A within each group of G.
+  - group_advantages: A within each group (the G completions of one prompt).
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
   - sample_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
   - forward_log_mu: log mu as minimal.py takes it, a no-grad forward after generate. Until the
@@ -37,21 +37,29 @@ from replay_rl import completion_logp, refuse_active_dropout
 
 
 # ---- the method: advantages, rollouts, log mu --------------------------------------------------
-def group_advantages(rewards: torch.Tensor, std_floor: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + std_floor) within each group.   rewards: [P, G]: row p
-    holds prompt p's G rewards. From a flat list, view(-1, G) gives that only in prompt-major
-    order (each prompt's G samples together, as generate_rollouts orders them); a list made as
-    prompts * G (sample-major) would mix prompts in a group, with no error.
+def group_advantages(rewards: torch.Tensor, group: torch.Tensor,
+                     std_floor: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean r) / (std r + std_floor), the mean and std over the rewards of i's group:
+    the completions of the same prompt.   rewards: [n] one reward per completion; group: [n] which
+    prompt each completion answers (any ids, in any order: the groups come from the ids, not from
+    the layout of the list).
 
     std is the sample standard deviation (as TRL's GRPO); std_floor keeps a near-equal group from
-    dividing by ~0 (it is not PPO's clip range epsilon). A group whose rewards are all equal gets
-    exactly A = 0 (not rounding noise / std_floor): it costs generation and teaches nothing
-    (counted as zero_adv_frac).
+    dividing by ~0 (it is not PPO's clip range epsilon). A group whose rewards are all equal (a
+    group of one too) gets exactly A = 0 (not rounding noise / std_floor): it costs generation and
+    teaches nothing (counted as zero_adv_frac).
     """
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
-    all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
-    return torch.where(all_equal, torch.zeros_like(rewards), (rewards - mean) / (std + std_floor))
+    group = torch.as_tensor(group)
+    if rewards.dim() != 1 or group.shape != rewards.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group {tuple(group.shape)}: give "
+                         "one reward and one group id per completion, both flat [n]")
+    advantages = torch.zeros_like(rewards)
+    for g in group.unique():
+        members = group == g
+        r = rewards[members]
+        if (r != r[0]).any():               # equal rewards keep A = 0 exactly
+            advantages[members] = (r - r.mean()) / (r.std() + std_floor)
+    return advantages
 
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
@@ -100,7 +108,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     if not torch.isfinite(rewards).all():   # a NaN A would skip every step that draws its group
         bad = rewards[~torch.isfinite(rewards)][0].item()
         raise ValueError(f"reward_fn returned {bad} for a completion: rewards must be finite")
-    advantages = group_advantages(rewards.view(-1, G)).view(-1)
+    advantages = group_advantages(rewards, torch.arange(len(texts)) // G)   # i answers i // G
     if not advantages.any():
         warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
                       "so tis and ppo get no gradient from it"

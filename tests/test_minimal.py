@@ -128,13 +128,17 @@ def test_minimal_and_the_modules_share_names_fields_and_returns(demo, sampled):
 
 
 def test_group_advantages_equal_the_modules_by_hand():
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
-    mine = minimal.group_advantages(rewards)
-    assert torch.equal(mine, rollout.group_advantages(rewards))
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    group = torch.arange(12) // 4
+    mine = minimal.group_advantages(rewards, group)
+    assert torch.equal(mine, rollout.group_advantages(rewards, group))
     # by hand: mean 0.5, sample std sqrt(1/3); an all-equal group gets exactly 0
-    assert mine[0, 0].item() == pytest.approx(0.5 / (3 ** -0.5 + 1e-4), rel=1e-6)
-    assert mine[1].tolist() == [0.0, 0.0, 0.0, 0.0]
-    assert mine[2, 3].item() == pytest.approx(0.75 / (0.5 + 1e-4), rel=1e-6)
+    assert mine[0].item() == pytest.approx(0.5 / (3 ** -0.5 + 1e-4), rel=1e-6)
+    assert mine[4:8].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert mine[11].item() == pytest.approx(0.75 / (0.5 + 1e-4), rel=1e-6)
+    shuffled = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(minimal.group_advantages(rewards[shuffled], group[shuffled]),
+                       mine[shuffled])                     # grouped by id, in any order
 
 
 def test_collate_equals_the_modules(demo, sampled):

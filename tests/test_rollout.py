@@ -12,13 +12,28 @@ from rollout import generate_rollouts, group_advantages
 
 
 def test_group_advantages_by_hand():
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]])
-    adv = group_advantages(rewards, std_floor=0.0)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 0.0, 1.0, 1.0])
+    group = torch.arange(12) // 4                     # three prompts, their four completions each
+    adv = group_advantages(rewards, group, std_floor=0.0)
     s = math.sqrt(1 / 3)                     # sample std of [1, 0, 0, 1]: sqrt((4 * 0.25) / 3)
-    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / s)
-    assert torch.equal(group_advantages(rewards)[1], torch.zeros(4))   # all equal: no signal
+    assert torch.allclose(adv[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / s)
+    assert torch.equal(group_advantages(rewards, group)[4:8], torch.zeros(4))   # all equal
     s2 = math.sqrt(2 / 3)                    # [2, 0, 1, 1]: mean 1, squares 1+1+0+0 over 3
-    assert torch.allclose(adv[2], torch.tensor([1.0, -1.0, 0.0, 0.0]) / s2)
+    assert torch.allclose(adv[8:], torch.tensor([1.0, -1.0, 0.0, 0.0]) / s2)
+
+
+def test_group_advantages_group_by_id_not_by_layout():
+    # the same rewards listed sample-major (prompt 0, 1, 2, prompt 0, 1, 2, ...) with their ids:
+    # each completion gets the A it gets in the prompt-major list
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 0.0, 1.0, 1.0])
+    group = torch.arange(12) // 4
+    order = torch.tensor([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])
+    assert torch.equal(group_advantages(rewards[order], group[order]),
+                       group_advantages(rewards, group)[order])
+    assert torch.equal(group_advantages(torch.tensor([3.0]), torch.tensor([7])),
+                       torch.zeros(1))                             # a group of one: A = 0
+    with pytest.raises(ValueError, match="one reward and one group id"):
+        group_advantages(rewards.view(3, 4), group.view(3, 4))     # a [P, G] table: refused
 
 
 @pytest.fixture(scope="module")
