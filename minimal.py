@@ -34,8 +34,8 @@ it too trains LoRA adapters, not the full model):
     trains (train.py --generators n, async_rl.py).
   - log mu comes from a second, no-grad forward after generate: one more forward over every
     sampled sequence, without a backward. train.py records it while generate samples
-    (rollout.BehaviourLogProbs), with no second forward; rollout.generate_rollouts(log_mu=
-    "forward") takes it as here.
+    (rollout.sample_recorded), with no second forward; rollout.generate_rollouts(log_mu=
+    "forward"), its default, takes it as here.
 Each piece below computes what its counterpart in rollout.py, buffer.py or replay_rl.py computes,
 on the same inputs (tests/test_minimal.py checks log mu, the advantages, collate's columns, the
 loss, its gradient and the step on the demo). The README's table says how their arguments and
@@ -94,7 +94,7 @@ class Rollout:
     reward: float
     advantage: float                # A, fixed when sampled and never recomputed on replay
     policy_version: int             # optimizer steps taken before sampling, NaN/inf skips included
-    baseline: float                 # V, the group's mean reward. Only asymre reads it (train.py)
+    baseline: float                 # V, the group's mean reward: train.py's asymre loss reads it
     temperature: float              # the T it was sampled at. The loss must score it at the same T
     uses: int = 0                   # training batches it has been in
 
@@ -122,6 +122,31 @@ def end_ids(model, tokenizer) -> list[int]:
     return sorted({tokenizer.eos_token_id, *listed} - {None})
 
 
+# the two guards that sampling and the update call
+def refuse_training_mode(model) -> None:
+    """Refuses a model in training mode, dropout rates 0 or not (the module's functions refuse only
+    active dropout). In training mode dropout (nn.Dropout, and the rates that layers pass to
+    F.dropout themselves) would make it sample, or score, another function than the one trained on
+    (rho != 1 on fresh data). model.eval() turns all of it off. Gradients still flow."""
+    if model.training:
+        raise ValueError("the model is in training mode, where dropout may act: call model.eval()")
+
+
+def refuse_acting_settings(model) -> None:
+    """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
+    generate would apply it, and log mu would not know. These settings are suppressed or forced
+    tokens, banned words, a sequence bias, min_p and top_h cuts, a length penalty, a watermark and
+    prompt lookup. (A minimum length is not among them: generate_rollouts passes
+    min_new_tokens=0, which replaces the model's min_length.)"""
+    acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
+                                "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
+                                "min_p", "top_h", "exponential_decay_length_penalty",
+                                "watermarking_config", "prompt_lookup_num_tokens")
+              if getattr(model.generation_config, name, None)]
+    if acting:
+        raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
+                         "from another distribution than softmax(z / T); unset them")
+
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
@@ -131,7 +156,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     and the round's figures ({"reward": the mean reward}). The model must be in eval mode, with no
     dropout, so that it samples the function it trains."""
     G = num_generations
-    refuse_training_mode(model)         # the two guards: near the end of the file
+    refuse_training_mode(model)         # the two guards above
     refuse_acting_settings(model)
     enc = tokenizer([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True,
                     padding_side="left", add_special_tokens=False)
@@ -326,32 +351,6 @@ def evaluate(model, tokenizer, prompts: list[str], reward_fn, max_new_tokens: in
     completions = model.generate(**enc, generation_config=config)[:, enc.input_ids.shape[1]:]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     return sum(reward_fn(p, t) for p, t in zip(prompts, texts)) / len(prompts)
-
-
-# ---- the two guards that sampling and the update call ------------------------------------
-def refuse_training_mode(model) -> None:
-    """Refuses a model in training mode, dropout rates 0 or not (the module's functions refuse only
-    active dropout). In training mode dropout (nn.Dropout, and the rates that layers pass to
-    F.dropout themselves) would make it sample, or score, another function than the one trained on
-    (rho != 1 on fresh data). model.eval() turns all of it off. Gradients still flow."""
-    if model.training:
-        raise ValueError("the model is in training mode, where dropout may act: call model.eval()")
-
-
-def refuse_acting_settings(model) -> None:
-    """Refuses a model whose own generation_config holds a setting that acts whenever it is set.
-    generate would apply it, and log mu would not know. These settings are suppressed or forced
-    tokens, banned words, a sequence bias, min_p and top_h cuts, a length penalty, a watermark and
-    prompt lookup. (A minimum length is not among them: generate_rollouts passes
-    min_new_tokens=0, which replaces the model's min_length.)"""
-    acting = [name for name in ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
-                                "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
-                                "min_p", "top_h", "exponential_decay_length_penalty",
-                                "watermarking_config", "prompt_lookup_num_tokens")
-              if getattr(model.generation_config, name, None)]
-    if acting:
-        raise ValueError(f"the model's generation_config sets {acting}: generate would sample "
-                         "from another distribution than softmax(z / T); unset them")
 
 
 # ---- the loop -------------------------------------------------------------------------------

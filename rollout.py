@@ -9,10 +9,11 @@ Read in this order:
     next step the model is mu, so this is completion_logp, the function the loss calls.
   - completion_lengths and end_token_ids: two small helpers of the above.
 The method ends there. Below it, each after a marker line:
-  - engineering: the recorder BehaviourLogProbs (log_mu="recorded", which train.py asks for). It
-    takes log mu while generate samples and so saves that forward (one over every sampled
-    sequence). It relies on the order in which transformers 5.x runs its logits processors, which
-    its guard checks (check_caller). Both ways give the same values (tested).
+  - engineering: sample_recorded (log_mu="recorded", which train.py asks for) samples as
+    sample_completions does and records log mu while generate samples (the recorder
+    BehaviourLogProbs), so it saves that forward (one over every sampled sequence). The recorder
+    relies on the order in which transformers 5.x runs its logits processors, which its guard
+    checks (check_caller). Both ways give the same samples and log mu (tested).
   - the guards: they refuse whatever would make generate sample from another distribution than
     softmax(z_t / T).
   - engineering that gives the same samples faster (each prompt prefilled once), and the greedy
@@ -76,29 +77,33 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     log_mu: how log mu is taken. "forward" (the default): minimal.py's way, after generate, by
     forward_log_mu (completion_logp with no gradient: the model has taken no step since it
     sampled, so its log pi_theta is log mu). It costs one forward over every sampled sequence.
-    "recorded" (engineering; train.py passes it): while generate samples, by the recorder
-    BehaviourLogProbs, with no second forward. Both give the same values (tested within 1e-5).
+    "recorded" (engineering; train.py passes it): while generate samples, by sample_recorded,
+    with no second forward. Both give the same values (tested within 1e-5).
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    Engineering, off by default, gives the same samples or log mu faster:
-      - log_mu="recorded", above;
-      - shared_prefill=True (train.py passes it): each prompt prefilled once for its G samples
-        (prefill_once);
-      - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU
-        (train.py passes it with --fast-generation)."""
+    Two more switches of log_mu="recorded" (engineering, off by default) give the same samples
+    faster: shared_prefill=True (train.py passes it), each prompt prefilled once for its G samples
+    (prefill_once); fast, infra/fast_decoding.py's FastDecoding, a static KV cache kept for the
+    run on a GPU (train.py passes it with --fast-generation)."""
     G = num_generations
     if log_mu not in ("recorded", "forward"):
         raise ValueError(f"log_mu {log_mu!r}: 'recorded' (while sampling) or 'forward' (after)")
-    prompt_ids, completions, token_logp, token_entropy, eos_ids = sample_completions(
-        model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
-        record=log_mu == "recorded", fast=fast, shared_prefill=shared_prefill)
-    lengths, ended = completion_lengths(completions, eos_ids)
-    if log_mu == "forward":         # minimal.py's way: one no-grad forward after generate
+    if log_mu == "forward" and (fast is not None or shared_prefill):
+        raise ValueError("fast and shared_prefill are switches of log_mu='recorded'")
+    if log_mu == "forward":     # the method, minimal.py's way: sample, then one no-grad forward
+        prompt_ids, completions, eos_ids = sample_completions(
+            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
+        lengths, ended = completion_lengths(completions, eos_ids)
         _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
         token_logp, token_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
             pad_id=pad_id, temperature=temperature)
+    else:                       # engineering (train.py's): the same samples, log mu recorded
+        prompt_ids, completions, eos_ids, token_logp, token_entropy = sample_recorded(
+            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
+            fast=fast, shared_prefill=shared_prefill)
+        lengths, ended = completion_lengths(completions, eos_ids)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
@@ -136,58 +141,36 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 
 @torch.inference_mode()
 def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float, record: bool = False, fast=None,
-                       shared_prefill: bool = False):
-    """G samples of each prompt. Prompts are left-padded, so every completion starts at the same
-    column. Returns the prompts' ids (unpadded, one tensor each); the completions [P * G, max_len]
-    on the CPU; token_logp and token_entropy, log mu of each sampled token and mu's entropy
-    there, each [P * G, max_len], recorded while sampling with record=True (engineering, the
-    recorder BehaviourLogProbs below), else None (forward_log_mu takes them after); and the end
-    token ids.
-    The tokens are drawn from softmax(z_t / T) alone. Every setting of generate that would change
-    that distribution is passed at its plain value (PLAIN_SAMPLING), so the model's own
-    generation_config cannot fill it in. A setting that cannot be overridden is refused.
-    shared_prefill (off by default here; train.py turns it on): ``prefill_once`` builds the
-    prompts' cache, each prompt token through the model once. Otherwise ``generate`` builds it
-    from G copies of each prompt, the plain way. Both give the same tokens (tested).
+                       temperature: float):
+    """G samples of each prompt, drawn from softmax(z_t / T) alone, with generate. Returns the
+    prompts' ids (unpadded, one tensor each), the completions [P * G, max_len] on the CPU (prompt
+    p's G samples in rows p*G to p*G + G - 1; generate pads each after its end) and the end token
+    ids. Prompts are left-padded, so every completion starts at the same column.
+    Every setting of generate that would change the distribution is passed at its plain value
+    (PLAIN_SAMPLING), so the model's own generation_config cannot fill it in. A setting that
+    cannot be overridden is refused, and so is active dropout in training mode.
     """
     check_bos(tokenizer, prompts)
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
-                    add_special_tokens=False)        # the prompts carry their own special tokens
-    prompt_ids = enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
-    device = next(model.parameters()).device
-    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
-    attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
+    enc, prompt_ids = left_padded(tokenizer, prompts)
     eos_ids, pad_id = end_token_ids(model, tokenizer)
-    # The tokens must be drawn from the softmax(z_t / T) whose log-prob is stored as log mu and the
-    # loss evaluates: top_k=0 turns off generate's default top-k of 50, and so on (PLAIN_SAMPLING).
     gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
-                                  pad_token_id=pad_id, compile_config=fast and fast.compile_config)
-    # refused before any model work: active dropout, and settings that would change mu (the
-    # recorder, engineering, refuses both itself when it is made)
-    if record:
-        recorder = BehaviourLogProbs(model, gen_config)
-    else:
-        refuse_active_dropout(model)
-        refuse_sampling_changes(model, gen_config)
-    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
-                                                         input_ids.shape[1] + max_new_tokens)
-    if shared_prefill:      # engineering: the same samples, without prefilling each prompt G times
-        input_ids, attention_mask, extra = prefill_once(
-            model, prompt_ids, pad_id, G, cache=fast and extra[fast.cache_arg])
-    # P * G completions, from the prefilled cache in extra if any; the recorder called once a token
-    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                               generation_config=gen_config,
-                               logits_processor=LogitsProcessorList([recorder] if record else []),
-                               **extra)
-    completions = sequences[:, input_ids.shape[1]:]                  # [P * G, max_len]
-    if not record:
-        return prompt_ids, completions.cpu(), None, None, eos_ids
-    token_logp, token_entropy = recorder.finish(completions)
-    # Engineering: what follows is per-rollout bookkeeping on small tensors: one copy to the CPU
-    # now, since per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device.
-    return prompt_ids, completions.cpu(), token_logp.cpu(), token_entropy.cpu(), eos_ids
+                                  pad_token_id=pad_id)
+    refuse_active_dropout(model)                    # refused before any model work
+    refuse_sampling_changes(model, gen_config)
+    device = next(model.parameters()).device
+    sequences = model.generate(input_ids=enc.input_ids.repeat_interleave(G, 0).to(device),
+                               attention_mask=enc.attention_mask.repeat_interleave(G, 0).to(device),
+                               generation_config=gen_config)            # [P * G, prompt + new]
+    return prompt_ids, sequences[:, enc.input_ids.shape[1]:].cpu(), eos_ids
+
+
+def left_padded(tokenizer, prompts: list[str]):
+    """(the tokenizer's left-padded batch, each prompt's own ids unpadded). The prompts carry their
+    own special tokens (check_bos), so the tokenizer adds none."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False)
+    return enc, enc.input_ids[enc.attention_mask.bool()].split(enc.attention_mask.sum(1).tolist())
 
 
 @torch.no_grad()
@@ -240,6 +223,42 @@ def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
 
 
 # ---- engineering: log mu recorded while generate samples (log_mu="recorded", train.py's) ---
+@torch.inference_mode()
+def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
+                    temperature: float, fast=None, shared_prefill: bool = False):
+    """sample_completions' samples, and log mu and mu's entropy of each token, [P * G, max_len]
+    each, recorded while generate samples (BehaviourLogProbs), with no forward after. Returns
+    sample_completions' three and those two. Engineering that gives the same samples faster:
+      - shared_prefill=True: prefill_once builds the prompts' cache, each prompt token through the
+        model once, not G times (tested: the same tokens);
+      - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU.
+    """
+    check_bos(tokenizer, prompts)
+    enc, prompt_ids = left_padded(tokenizer, prompts)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    gen_config = GenerationConfig(**PLAIN_SAMPLING, temperature=temperature,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                                  pad_token_id=pad_id, compile_config=fast and fast.compile_config)
+    recorder = BehaviourLogProbs(model, gen_config)     # it refuses dropout and changed sampling
+    device = next(model.parameters()).device
+    input_ids = enc.input_ids.repeat_interleave(G, dim=0).to(device)   # [P * G, prompt_len]
+    attention_mask = enc.attention_mask.repeat_interleave(G, dim=0).to(device)
+    extra = {} if fast is None else fast.generate_kwargs(input_ids.shape[0],
+                                                         input_ids.shape[1] + max_new_tokens)
+    if shared_prefill:      # the same samples, without prefilling each prompt G times
+        input_ids, attention_mask, extra = prefill_once(
+            model, prompt_ids, pad_id, G, cache=fast and extra[fast.cache_arg])
+    # P * G completions, from the prefilled cache in extra if any; the recorder called once a token
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                               generation_config=gen_config,
+                               logits_processor=LogitsProcessorList([recorder]), **extra)
+    completions = sequences[:, input_ids.shape[1]:]                  # [P * G, max_len]
+    token_logp, token_entropy = recorder.finish(completions)
+    # what follows is per-rollout bookkeeping on small tensors: one copy to the CPU now, since
+    # per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device
+    return prompt_ids, completions.cpu(), eos_ids, token_logp.cpu(), token_entropy.cpu()
+
+
 class BehaviourLogProbs(LogitsProcessor):
     """Records log mu(o_t) = log softmax(z_t / T)[o_t] of every sampled token while ``generate``
     runs, with no second forward. z_t are the logits that drew o_t and T is the temperature: the
@@ -259,7 +278,7 @@ class BehaviourLogProbs(LogitsProcessor):
                  scores z_2                     keep log softmax(z_2 / T)      generate draws o_2
         ...
         finish(completions): the last token's log mu, from the last call's log-softmax
-    Make one recorder per generate call. Use it through sample_completions, which gives
+    Make one recorder per generate call. Use it through sample_recorded, which gives
     ``generate`` the generation_config the recorder was made with.
 
     Guards (in "the guards" below). At construction it refuses a generation_config, or a model's
@@ -276,7 +295,7 @@ class BehaviourLogProbs(LogitsProcessor):
         refuse_active_dropout(model)
         refuse_sampling_changes(model, generation_config)
         # the T generate will sample at, found as generate finds it: the config's
-        # (sample_completions always sets it); if unset, the model's own generation_config's; else 1
+        # (sample_recorded always sets it); if unset, the model's own generation_config's; else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)
         self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
@@ -320,7 +339,7 @@ class BehaviourLogProbs(LogitsProcessor):
 
 # ---- the guards: sampling from softmax(z_t / T) alone, as recorded ------------------------------
 # generate's settings that change the distribution a token is drawn from, at the values that leave
-# it softmax(z_t / T), the one the stored log mu is taken from. sample_completions passes them
+# it softmax(z_t / T), the one the stored log mu is taken from. Both samplers pass them
 # all: generate fills each field its caller leaves unset from the model's own generation_config
 # (Qwen-Instruct ships repetition_penalty, top_k, top_p), then from its defaults (top_k 50).
 # min_length is not among them: given min_new_tokens, generate replaces it (prompt length +
@@ -402,7 +421,7 @@ def check_processors(processors, recorder: BehaviourLogProbs, length: int,
     if do_sample is False:
         raise ValueError("generate is decoding greedily (do_sample is not set), but the recorder "
                          "records log mu of sampling: give generate the generation_config the "
-                         "recorder was made with (sample_completions does)")
+                         "recorder was made with (sample_recorded does)")
     T = recorder.temperature
     mine = next(i for i, p in enumerate(processors) if p is recorder)
     if any(isinstance(p, TemperatureLogitsWarper) for p in list(processors)[:mine]):

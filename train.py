@@ -115,9 +115,9 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
     b_here = distributed.share_size(cfg.batch_size)
     s_here = distributed.share_size(cfg.new_per_update)
-    # replay_rl.update_step as you read it; with --micro-batch-size, float16 weights or torchrun,
-    # the same step engineered (the_update says which)
-    update_step = the_update(cfg, state.world_size)
+    # The step: replay_rl.update_step, the function you read. With --micro-batch-size, float16
+    # weights or torchrun: infra/engineered_update.py's version of it, tested equal (the_update)
+    update = the_update(cfg, state.world_size)
     with stop.keeping(run, save):           # any ending: a checkpoint, one line, how to resume
         if state.first_accuracy is None:
             with stop.round(run, "the first eval"):
@@ -135,8 +135,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                             state.lapsed_updates += K - k   # lapse, counted
                             break
                         with report.timed(state, "train"):
-                            metrics = update_step(run.model, run.optimizer, batch,
-                                                  **step_args(run))
+                            metrics = update(run.model, run.optimizer, batch,
+                                             **step_args(run))
                         state.step += 1             # the policy's version (a skipped step too)
                         record_step(run, metrics, cfg.batch_size)   # its row, its counts
                 else:
@@ -153,9 +153,9 @@ def train_with_workers(cfg: Config, task: tasks.Task, stop: stopping.StopRequest
     """--generators: the paper's asynchronous system (async_rl.train_async). Worker processes
     generate the rounds; this process stores them and takes the steps, with train()'s helpers."""
     run = setup(cfg, task, saved, stop)
-    update_step = the_update(cfg, run.state.world_size)
+    update = the_update(cfg, run.state.world_size)
     with stop.keeping(run, save):
-        async_rl.train_async(run, sample_batch, functools.partial(take_step, update_step))
+        async_rl.train_async(run, sample_batch, functools.partial(take_step, update))
         stop_if_asked(run)
         return finish(run)
 
@@ -266,10 +266,10 @@ def step_args(run: Run) -> dict:
                 normalization=cfg.normalization, asymre_tau=cfg.asymre_tau, logp_fn=logp_fn)
 
 
-def take_step(update_step, run: Run, sampled: list, batch_size: int) -> None:
-    """The loop's step as one call, for async_rl: update_step, timed, recorded."""
+def take_step(update, run: Run, sampled: list, batch_size: int) -> None:
+    """The loop's step as one call, for async_rl: update (the_update's), timed, recorded."""
     with report.timed(run.state, "train"):
-        metrics = update_step(run.model, run.optimizer, sampled, **step_args(run))
+        metrics = update(run.model, run.optimizer, sampled, **step_args(run))
     run.state.step += 1                     # the policy's version (a skipped step too)
     record_step(run, metrics, batch_size)
 

@@ -77,7 +77,7 @@ def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, additio
         torch.manual_seed(3)
         runs[way] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                                       max_new_tokens=5, temperature=0.7, policy_version=0,
-                                      log_mu=way, shared_prefill=shared_prefill)
+                                      log_mu=way, shared_prefill=shared_prefill and way == "recorded")
     (recorded, rec_stats), (forward, fwd_stats) = runs["recorded"], runs["forward"]
     assert sum(len(r.completion_ids) for r in recorded) > len(recorded)     # multi-token
     for a, b in zip(recorded, forward):
@@ -89,6 +89,9 @@ def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, additio
     with pytest.raises(ValueError, match="log_mu 'after'"):
         generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                           max_new_tokens=5, policy_version=0, log_mu="after")
+    with pytest.raises(ValueError, match="switches of log_mu='recorded'"):
+        generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                          max_new_tokens=5, policy_version=0, shared_prefill=True)
 
 
 def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
@@ -173,7 +176,7 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
             # plain generate (G copies of each prompt) against the fast path on the shared prefill
             pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
                                           max_new_tokens=5, temperature=1.5, fast=f, policy_version=0,
-                                          shared_prefill=f is not None)[0])
+                                          log_mu="recorded", shared_prefill=f is not None)[0])
         caches.append(fast.caches[len(batch) * 4])
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
@@ -276,7 +279,7 @@ def test_one_prompt_is_prefilled_once_for_its_group_and_pad_may_be_eos(policy, a
         torch.manual_seed(5)
         found[shared] = generate_rollouts(model, tokenizer, ["45+67="], addition.reward, num_generations=8,
                                           max_new_tokens=4, temperature=1.5, policy_version=0,
-                                          shared_prefill=shared)[0]
+                                          log_mu="recorded", shared_prefill=shared)[0]
         hook.remove()
         assert shapes[:2] == ([(8, 6), (8, 1)] if not shared else [(1, 5), (8, 1)])
     assert [r.completion_ids.tolist() for r in found[False]] == [r.completion_ids.tolist() for r in found[True]]

@@ -109,7 +109,8 @@ def test_each_prompt_prefilled_once_on_the_chat_template_is_as_exact_as_plain_ge
         torch.manual_seed(1)
         found[shared], _ = generate_rollouts(model, tokenizer, prompts, lambda p, c: float(len(c) % 3),
                                              num_generations=2,
-                                             max_new_tokens=24, policy_version=0, shared_prefill=shared)
+                                             max_new_tokens=24, policy_version=0, log_mu="recorded",
+                                             shared_prefill=shared)
         if shared:
             assert shapes[0][0] == 1 and shapes[0][1] >= system         # the system prompt, once
         else:
