@@ -169,9 +169,18 @@ def rounds_ahead(n_workers: int, batch_size: int, rollouts_per_round: int) -> in
 
 
 def room_for_a_round(run, outstanding: int) -> bool:
-    """Whether a round of P x G more rollouts (the most a round stores; the README's R is what it
-    does store), after those on their way, would evict (FIFO: the oldest first) only rollouts
-    already used: the worker waits instead of generating what would push an unused one out."""
+    """Whether one more round may be ordered without pushing an unused rollout out of the buffer.
+    A round stores at most P x G rollouts (the README's R is what it does store). With
+    ``outstanding`` rounds on their way, one more means that once all have arrived the buffer has
+    gained (outstanding + 1) x P x G; past the capacity N the oldest leave (FIFO). ``evicted``
+    counts them. There is room if each of them, the oldest ``evicted`` items now, has been used.
+    Worked example (the demo's sizes, P x G = 128, N = 256): the buffer holds 256, the older 128
+    used, the newer 128 not yet.
+      none on their way: evicted = 256 + 1 x 128 - 256 = 128, the older 128, all used: room.
+      one on its way:    evicted = 256 + 2 x 128 - 256 = 256, the newer 128 among them: no room;
+                         the order waits until a step has used them.
+    evicted > len(items), more than the buffer holds, would evict rollouts of the ordered rounds
+    themselves, unused: no room."""
     most_stored, items = run.cfg.rollouts_per_round, run.buffer.items
     evicted = len(items) + (outstanding + 1) * most_stored - run.cfg.buffer_size
     return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])
@@ -191,6 +200,8 @@ def order_rounds(run, workers) -> None:
     while (workers.outstanding < ahead
            and state.round + workers.outstanding < cfg.max_rounds
            and not 0 < cfg.max_gen_tokens <= state.gen_tokens):
+        # idle: nothing on its way and no step possible meanwhile. Waiting for room would then
+        # wait forever, so a round is ordered anyway (its evictions are counted)
         idle = workers.outstanding == 0 and not (cfg.step_when_held
                                                  and len(run.buffer) >= cfg.batch_size)
         if not (room_for_a_round(run, workers.outstanding) or idle):

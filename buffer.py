@@ -222,10 +222,10 @@ class ReplayBufferWithVariants(ReplayBuffer):
                               equal). This is right only for losses that get no gradient from
                               them, so it needs the loss named (loss_type, beta; see
                               zero_advantage_filter_fits).
-      add(rollouts, limit)    store at most ``limit`` of them (None: all), the first ones; the
-                              rest are dropped. add returns how many it stored, from which a
-                              caller counts the dropped (train.py sets a limit with
-                              --new-per-update, so that S are stored per K steps).
+      add(rollouts, limit)    store the first ``limit`` of them (None: all) and drop the rest.
+                              It returns how many it stored; train.py reports the rest as
+                              dropped. train.py passes a limit with --new-per-update, so that S
+                              are stored per K steps.
     """
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,
