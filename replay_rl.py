@@ -92,7 +92,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
 
     logp, behaviour_logp, mask: [batch, max_len]. logp must be log softmax(z_t / T) at the T mu
     sampled at, as behaviour_logp is (completion_logp checks the rollouts' T; this function cannot:
-    at another T, rho != 1 on fresh data, silently). advantage A: [batch], one per rollout. asymre
+    at another T, rho != 1 on fresh data, silently). mask: 1 on each completion token, its EOS
+    included, as collate makes it (by length). A mask of ``ids != pad_id`` drops the EOS when
+    pad == eos, and the model never learns to stop. advantage A: [batch], one per rollout. asymre
     takes reward r and baseline V [batch] instead. is_cap = C, the cap of the importance sampling
     ("is_") weight. log mu is data, so it is detached here. A behaviour_logp that still carries a
     graph (from a forward run without torch.no_grad) gets no gradient through the ratio.
