@@ -204,7 +204,7 @@ def add_to_buffer(run: Run, rollouts: list, figures: dict, b_here: int, s_here: 
     else:
         new_still_needed = s_here - current_rollouts(run)
         to_fill_the_buffer = must_hold(run, b_here) - len(run.buffer)
-        limit = max(new_still_needed, to_fill_the_buffer)
+        limit = max(new_still_needed, to_fill_the_buffer, 0)    # 0: none of this round
     stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
     report.count_round(state, figures, len(rollouts), figures["prompts"],
