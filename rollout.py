@@ -90,7 +90,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
         token_logp, token_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
-            pad_id=pad_id, temperature=temperature)
+            pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
@@ -184,7 +184,8 @@ def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_
 
 @torch.no_grad()
 def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
-                   lengths: torch.Tensor, *, pad_id: int, temperature: float, at_a_time: int = 8):
+                   lengths: torch.Tensor, *, pad_id: int, eos_ids: list[int], temperature: float,
+                   at_a_time: int = 8):
     """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
     forward after generate. Until the next optimizer step the model is mu, so log mu is the
     log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
@@ -199,7 +200,7 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
     device = next(model.parameters()).device
     logp, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
     for start in range(0, len(stand_ins), at_a_time):
-        cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device)
+        cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device, eos_ids=eos_ids)
         part_logp, part_entropy = completion_logp(model, cols, temperature)
         end, width = start + part_logp.shape[0], part_logp.shape[1]
         logp[start:end, :width] = part_logp.float().cpu()
