@@ -117,7 +117,8 @@ class ReplayBuffer:
 
 
 def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = None,
-            device: torch.device | str | None = None) -> dict[str, torch.Tensor | float]:
+            device: torch.device | str | None = None, *,
+            eos_ids: list[int]) -> dict[str, torch.Tensor | float]:
     """Pad a list of rollouts into one batch for a training forward.
 
     Prompts are left-padded and completions right-padded, so every completion starts at the
@@ -134,14 +135,16 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
                         negative ages.
     position_ids count real tokens only, exactly as generate() numbers them under left padding.
     device: where the tensors go (default: the CPU).
-    The guards refuse a prompt that begins or ends with pad_id, a completion that ends with two of
-    them (a row of a padded batch), and a behaviour_logp that is not one log mu per completion
-    token. They cannot see two other errors:
-      - prompts padded with another id (eos where the tokenizer pads with <pad>). They pass, and
-        the pads are read as prompt tokens. Pass the pad id the prompts were padded with.
-      - a completion kept with one pad after its EOS. It passes, and that pad is trained on.
+    eos_ids: the ids that end a completion (the tokenizer's EOS and any the model lists;
+    rollout.end_token_ids gives them). completion_mask is 1 on a completion's whole length, so a
+    token stored after its first end token (a pad) would be trained on.
+    The guards refuse a prompt that begins or ends with pad_id; a completion with a token after
+    its first end token, or one that ends with pad_id twice (a padded row that has no end token);
+    and a behaviour_logp that is not one log mu per completion token. They cannot see prompts padded
+    with another id (eos where the tokenizer pads with <pad>): they pass, and the pads are read as
+    prompt tokens. Pass the pad id the prompts were padded with.
     So store each rollout trimmed: the prompt's own tokens, and the completion up to and
-    including its first EOS.
+    including its first end token.
     """
     if any(len(r.prompt_ids) and pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1]))
            for r in rollouts):
@@ -155,6 +158,13 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
         raise ValueError(f"a rollout's completion_ids end with the pad id {pad_id} twice: store "
                          "each completion up to and including its first EOS, not a padded row")
+    # an end token anywhere but last: tokens follow the completion's end
+    before_last = torch.cat([r.completion_ids[:-1] for r in rollouts])
+    ends = torch.as_tensor(eos_ids, dtype=torch.long, device=before_last.device)
+    if torch.isin(before_last, ends).any():
+        raise ValueError("a rollout's completion has tokens after its first end token "
+                         f"(eos_ids {ends.tolist()}): store each completion up to and "
+                         "including its first end token, else what follows is trained on")
     temperatures = {rollout.temperature for rollout in rollouts}
     if len(temperatures) > 1:
         raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: "

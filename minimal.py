@@ -235,15 +235,21 @@ class ReplayBuffer:
 
 
 # ---- 4. one optimizer step: collate, log pi_theta, the loss --------------------------------------
-def collate(rollouts: list[Rollout], pad_id: int) -> dict:
+def collate(rollouts: list[Rollout], pad_id: int, *, eos_ids: list[int]) -> dict:
     """Pad rollouts into one batch. Prompts are left-padded and completions right-padded, so every
     completion starts at the same column:  [pad pad p p p | c c c EOS pad]
     Returns input_ids, attention_mask, position_ids: [batch, prompt_len + max_len].
-    completion_mask, behaviour_logp: [batch, max_len]. advantage: [batch]."""
+    completion_mask, behaviour_logp: [batch, max_len]. advantage: [batch].
+    eos_ids: the ids that end a completion (end_ids). The mask is 1 on each completion's whole
+    length, so a token stored after its first end token would be trained on: it is refused."""
     if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
         raise ValueError("a prompt begins or ends with the pad id: store prompts unpadded")
     if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
         raise ValueError("a completion ends with the pad id twice: trim it after its first EOS")
+    if any(torch.isin(r.completion_ids[:-1], torch.tensor(eos_ids)).any() for r in rollouts):
+        raise ValueError("a completion has tokens after its first end token: store each "
+                         "completion up to and including its first end token, else what "
+                         "follows is trained on")
     if any(r.behaviour_logp.shape != r.completion_ids.shape for r in rollouts):
         raise ValueError("behaviour_logp must hold log mu of each completion token")
     if len({r.temperature for r in rollouts}) > 1:
@@ -319,12 +325,12 @@ def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
 
 
 def update(model, optimizer, rollouts: list[Rollout], pad_id: int, temperature: float,
-           is_cap: float) -> dict:
+           is_cap: float, *, eos_ids: list[int]) -> dict:
     """One step: the loss of the batch, backward, then the gradient clipped at norm 1. The clip is
     a guard against a rare huge step, not part of the method. The step is skipped if the loss or
     gradient is NaN/inf, which would poison the weights and AdamW's moments for good."""
     refuse_training_mode(model)
-    cols = collate(rollouts, pad_id)
+    cols = collate(rollouts, pad_id, eos_ids=eos_ids)
     logp, _ = completion_logp(model, cols, temperature)
     loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"],
                                 cols["completion_mask"], is_cap=is_cap)
@@ -374,6 +380,7 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.99), weight_decay=0.0)
     buffer, step = ReplayBuffer(N, seed), 0
+    eos_ids = end_ids(model, tokenizer)             # the ids that end a completion
     accuracy = [evaluate(model, tokenizer, EVAL_PROMPTS[:eval_prompts], reward, MAX_NEW_TOKENS)]
     log(f"round 0: held-out accuracy {accuracy[-1]:.3f}")
     for round_ in range(1, rounds + 1):
@@ -386,7 +393,8 @@ def main(rounds: int = ROUNDS, eval_every: int = EVAL_EVERY, eval_prompts: int =
             for _ in range(K):
                 sampled = buffer.sample(B)
                 ages = [step - rollout.policy_version for rollout in sampled]
-                metrics = update(model, optimizer, sampled, tokenizer.pad_token_id, T, C)
+                metrics = update(model, optimizer, sampled, tokenizer.pad_token_id, T, C,
+                                 eos_ids=eos_ids)
                 step += 1                               # the version: steps taken, skipped too
         if round_ % 10 == 0 and step:
             log(f"round {round_}: reward {figures['reward']:.2f}, is_ratio_mean "

@@ -232,14 +232,15 @@ def batch_loss(model, cols: dict[str, torch.Tensor], *, temperature: float = 1.0
     return loss, metrics, entropy
 
 
-def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, current_version: int,
-                temperature: float = 1.0, beta: float = 0.0, max_grad_norm: float = 1.0,
-                logp_fn=None, **loss_args) -> dict:
+def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, eos_ids: list[int],
+                current_version: int, temperature: float = 1.0, beta: float = 0.0,
+                max_grad_norm: float = 1.0, logp_fn=None, **loss_args) -> dict:
     """One optimizer step on a batch of rollouts. It runs one forward over the batch at the
     sampling temperature and takes the loss against the stored behaviour log-probs. Then it runs
     backward, clips the gradient and steps. A step whose loss or gradient is NaN/inf is skipped
     (metrics["skipped"] = 1). The model must compute the function that sampled. So with dropout
     active in training mode, completion_logp refuses (rho != 1 even on fresh data).
+    pad_id, eos_ids: collate's (rollout.end_token_ids gives them).
     current_version: the policy's optimizer steps so far, a skipped NaN/inf step included. Each
     rollout's age is current_version minus its own policy_version.
     loss_args: policy_loss's (loss_type, is_cap, epsilon, normalization, asymre_tau).
@@ -249,7 +250,8 @@ def update_step(model, optimizer, rollouts: list[Rollout], *, pad_id: int, curre
     """
     if not max_grad_norm > 0:       # clip_grad_norm_ at 0 scales every gradient to 0, silently
         raise ValueError(f"max_grad_norm {max_grad_norm}: must be > 0 (float('inf'): no clip)")
-    cols = collate(rollouts, pad_id, current_version, device=next(model.parameters()).device)
+    cols = collate(rollouts, pad_id, current_version, device=next(model.parameters()).device,
+                   eos_ids=eos_ids)
     loss, metrics, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                         logp_fn=logp_fn, **loss_args)
     optimizer.zero_grad(set_to_none=True)

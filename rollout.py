@@ -98,7 +98,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
         token_logp, token_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
-            pad_id=pad_id, temperature=temperature)
+            pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
     else:                       # engineering (train.py's): the same samples, log mu recorded
         prompt_ids, completions, eos_ids, token_logp, token_entropy = sample_recorded(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -175,7 +175,8 @@ def left_padded(tokenizer, prompts: list[str]):
 
 @torch.no_grad()
 def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
-                   lengths: torch.Tensor, *, pad_id: int, temperature: float, at_a_time: int = 8):
+                   lengths: torch.Tensor, *, pad_id: int, eos_ids: list[int], temperature: float,
+                   at_a_time: int = 8):
     """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
     forward after generate. Until the next optimizer step the model is mu, so log mu is the
     log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
@@ -190,7 +191,7 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
     device = next(model.parameters()).device
     logp, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
     for start in range(0, len(stand_ins), at_a_time):
-        cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device)
+        cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device, eos_ids=eos_ids)
         part_logp, part_entropy = completion_logp(model, cols, temperature)
         end, width = start + part_logp.shape[0], part_logp.shape[1]
         logp[start:end, :width] = part_logp.float().cpu()

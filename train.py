@@ -249,18 +249,19 @@ def sample_batch(run: Run, b_here: int, max_uses: int | None = None) -> list | N
 
 
 def step_args(run: Run) -> dict:
-    """update_step's keyword arguments: the loss's settings, the policy's version now, and the
-    function that gives log pi_theta (logp_fn). By default that is completion_logp, the one
-    replay_rl.py opens with (logp_fn None). --logp-chunk's default, -1, becomes 256 for a
-    vocabulary of 32,000 tokens or more: then chunked_completion_logp. With --shared-prefix,
-    shared_prefix_logp (its head in chunks too, for such a vocabulary)."""
+    """update_step's keyword arguments: the pad and end ids generation used, the loss's settings,
+    the policy's version now, and the function that gives log pi_theta (logp_fn). By default that
+    is completion_logp, the one replay_rl.py opens with (logp_fn None). --logp-chunk's default,
+    -1, becomes 256 for a vocabulary of 32,000 tokens or more: then chunked_completion_logp. With
+    --shared-prefix, shared_prefix_logp (its head in chunks too, for such a vocabulary)."""
     cfg = run.cfg
     chunk = engineered_update.resolve_logp_chunk(cfg.logp_chunk, run.model)    # -1: 256 or 0
     if cfg.shared_prefix:
         logp_fn = functools.partial(shared_prefix_logp, chunk=chunk)
     else:
         logp_fn = engineered_update.logp_fn(chunk)      # None for 0: completion_logp
-    return dict(pad_id=run.tokenizer.pad_token_id, current_version=run.state.step,
+    eos_ids, pad_id = rollout.end_token_ids(run.model, run.tokenizer)
+    return dict(pad_id=pad_id, eos_ids=eos_ids, current_version=run.state.step,
                 temperature=cfg.temperature, beta=cfg.beta, max_grad_norm=cfg.max_grad_norm,
                 loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, asymre_tau=cfg.asymre_tau, logp_fn=logp_fn)

@@ -47,7 +47,7 @@ from infra.policy import load_policy  # noqa: E402
 from infra.engineered_update import update_step_engineered  # noqa: E402
 from infra.report import quiet_libraries  # noqa: E402
 from infra.fast_decoding import FastDecoding  # noqa: E402
-from rollout import generate_rollouts  # noqa: E402
+from rollout import end_token_ids, generate_rollouts  # noqa: E402
 from train import Config  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,10 +134,11 @@ def main(argv=None) -> dict:
     rng = random.Random(args.seed)
     max_new_tokens = args.max_new_tokens or task.max_new_tokens
     G, pad_id, eos_id = args.num_generations, tokenizer.pad_token_id, tokenizer.eos_token_id
+    eos_ids = end_token_ids(model, tokenizer)[0]        # the ids that end a completion (collate's)
     # The loop's own settings (train.py's defaults), shared by every call below.
     sampling = dict(num_generations=G, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
                     log_mu="recorded", shared_prefill=True)         # as train.py samples
-    step = dict(pad_id=pad_id, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
+    step = dict(pad_id=pad_id, eos_ids=eos_ids, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, temperature=cfg.temperature,
                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
 
@@ -175,7 +176,7 @@ def main(argv=None) -> dict:
     fast_first_s, (fast_rollouts, _) = timed(fast_rollout)         # compiles (on CUDA): minutes at worst
     fast_same = statistics.mean(float(torch.equal(a.completion_ids, b.completion_ids))
                                 for a, b in zip(rollouts, fast_rollouts))
-    cols = collate(fast_rollouts, pad_id, device=device)
+    cols = collate(fast_rollouts, pad_id, device=device, eos_ids=eos_ids)
     with torch.no_grad():
         logp, _ = completion_logp(model, cols, cfg.temperature)
     fast_logp_diff = ((logp - cols["behaviour_logp"]).abs() * cols["completion_mask"]).max().item()
@@ -189,7 +190,7 @@ def main(argv=None) -> dict:
                                      policy_version=0, **sampling)[0])
     model.train()
     batch = buffer.sample(args.batch_size)
-    cols = collate(batch, pad_id, device=device)
+    cols = collate(batch, pad_id, device=device, eos_ids=eos_ids)
     optimizer, bare_optimizer = new_optimizer(), new_optimizer()
 
     def update():
@@ -212,7 +213,7 @@ def main(argv=None) -> dict:
         model.train()
         t_add, _ = timed(lambda: buffer.add(rollouts))
         t_sample, batch = timed(lambda: buffer.sample(args.batch_size))
-        t_collate, _ = timed(lambda: collate(batch, pad_id, i))     # apart: update_step_engineered collates inside
+        t_collate, _ = timed(lambda: collate(batch, pad_id, i, eos_ids=eos_ids))     # apart: update_step_engineered collates inside
         t_update, _ = timed(lambda: update_step_engineered(model, optimizer, batch, current_version=i, **step))
         if i >= args.warmup:
             for k, t in zip(parts, (t_gen, t_add, t_sample, t_collate, t_update, t_gen + t_add + t_sample + t_update)):

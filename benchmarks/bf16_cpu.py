@@ -35,7 +35,7 @@ from buffer import collate                              # noqa: E402
 from infra import pretrained, runfolder                # noqa: E402
 from infra.policy import load_policy                    # noqa: E402
 from replay_rl import completion_logp, update_step      # noqa: E402
-from rollout import generate_rollouts                   # noqa: E402
+from rollout import end_token_ids, generate_rollouts    # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48
@@ -60,13 +60,14 @@ def one_round(model, tokenizer, task, round_: int, optimizer) -> dict:
                                     num_generations=G, max_new_tokens=NEW_TOKENS, temperature=T,
                                     policy_version=0, log_mu="recorded", shared_prefill=True)
     generation = time.perf_counter() - start
-    cols = collate(rollouts, tokenizer.pad_token_id, 0)
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    cols = collate(rollouts, pad_id, 0, eos_ids=eos_ids)
     with torch.no_grad():
         logp, _ = completion_logp(model, cols, T)
     real = cols["completion_mask"] > 0
     log_rho = (logp - cols["behaviour_logp"])[real].double()
     start = time.perf_counter()
-    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
+    update_step(model, optimizer, rollouts, pad_id=pad_id, eos_ids=eos_ids, current_version=0,
                 temperature=T)
     step = time.perf_counter() - start
     return {"tokens": int(real.sum()), "abs_log_rho": log_rho.abs().tolist(),

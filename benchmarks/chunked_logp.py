@@ -109,7 +109,7 @@ def random_batch(m: int, prompt: int, completion: int, vocab: int, seed: int = 0
                         behaviour_logp=-torch.rand(completion, generator=g), reward=float(i % 2),
                         advantage=float(i % 2) - 0.5, policy_version=0, baseline=0.5, temperature=1.0)
                 for i in range(m)]
-    return collate(rollouts, 0, 0)
+    return collate(rollouts, 0, 0, eos_ids=[1])      # the character tokenizer's EOS: none drawn
 
 
 def update_live_peak(model, batch, chunk: int) -> int:
@@ -172,12 +172,14 @@ def smollm2_rollouts(seed: int = 0):
 def steps(pairs: int = 8) -> dict:
     """update_step_engineered, plain and chunked alternated; the first pair, a warm-up, left out."""
     from infra.engineered_update import LOGP_CHUNK, update_step_engineered
+    from rollout import end_token_ids
     torch.set_num_threads(1)
     model, tokenizer, rollouts, cfg = smollm2_rollouts()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     variants = (("plain", 0), ("chunked", LOGP_CHUNK))
     step = lambda chunk: update_step_engineered(
-        model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
+        model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+        eos_ids=end_token_ids(model, tokenizer)[0], current_version=0,
         temperature=cfg.temperature, logp_chunk=chunk)
     times = {"plain": [], "chunked": []}
     for i in range(pairs + 1):

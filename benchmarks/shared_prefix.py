@@ -147,10 +147,10 @@ def arms() -> dict:
             "shared_chunked": functools.partial(shared_prefix_logp, chunk=LOGP_CHUNK)}
 
 
-def columns_of(rollouts, pad_id: int) -> dict:
+def columns_of(rollouts, pad_id: int, eos_ids: list[int]) -> dict:
     """B, P, max_len, the distinct prompts U, and the token columns each forward computes."""
     from buffer import collate
-    cols = collate(rollouts, pad_id)
+    cols = collate(rollouts, pad_id, eos_ids=eos_ids)
     B, max_len = cols["completion_mask"].shape
     P = cols["input_ids"].shape[1] - max_len
     U = len({tuple(row) for row in cols["input_ids"][:, :P].tolist()})
@@ -160,11 +160,11 @@ def columns_of(rollouts, pad_id: int) -> dict:
             "columns_ratio": round(columns_ratio(U, B, P, max_len), 3)}
 
 
-def logp_differences(model, rollouts, pad_id: int, temperature: float) -> dict:
+def logp_differences(model, rollouts, pad_id: int, eos_ids: list[int], temperature: float) -> dict:
     """The largest |log pi_theta| difference of each arm from plain over the real tokens."""
     from buffer import collate
     from replay_rl import completion_logp
-    cols = collate(rollouts, pad_id)
+    cols = collate(rollouts, pad_id, eos_ids=eos_ids)
     real = cols["completion_mask"].bool()
     with torch.no_grad():
         found = {name: (fn or completion_logp)(model, cols, temperature)[0]
@@ -175,9 +175,10 @@ def logp_differences(model, rollouts, pad_id: int, temperature: float) -> dict:
 
 def bench_update(name: str, loaded, rounds: int) -> dict:
     from replay_rl import update_step
+    from rollout import end_token_ids
     model, tokenizer, task, cfg = loaded
     rollouts = batch_of(name, model, tokenizer, task, cfg)
-    pad_id, functions = tokenizer.pad_token_id, arms()
+    (eos_ids, pad_id), functions = end_token_ids(model, tokenizer), arms()
     model.eval()                                 # train.py steps in eval mode (dropout is off)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     times = {arm: [] for arm in functions}
@@ -185,15 +186,15 @@ def bench_update(name: str, loaded, rounds: int) -> dict:
     for i in range(rounds + 1):
         for arm in order[i % len(order):] + order[:i % len(order)]:      # rotated each round
             wall, cpu = time.perf_counter(), time.process_time()
-            update_step(model, optimizer, rollouts, pad_id=pad_id, current_version=0,
-                        temperature=cfg.temperature, logp_fn=functions[arm])
+            update_step(model, optimizer, rollouts, pad_id=pad_id, eos_ids=eos_ids,
+                        current_version=0, temperature=cfg.temperature, logp_fn=functions[arm])
             times[arm].append((time.process_time() - cpu, time.perf_counter() - wall))
         print(f"  {name} round {i}{' (warm-up)' if i == 0 else ''}: "
               + ", ".join(f"{arm} {t[-1][0]:.2f} cpu s" for arm, t in times.items()), flush=True)
     kept = {arm: t[1:] if rounds else t for arm, t in times.items()}    # the warm-up left out
     median = lambda arm, j: statistics.median(t[j] for t in kept[arm])
-    out = {**columns_of(rollouts, pad_id),
-           **logp_differences(model, rollouts, pad_id, cfg.temperature)}
+    out = {**columns_of(rollouts, pad_id, eos_ids),
+           **logp_differences(model, rollouts, pad_id, eos_ids, cfg.temperature)}
     for arm in functions:
         out[f"{arm}_median_cpu_s"] = round(median(arm, 0), 3)
         out[f"{arm}_median_wall_s"] = round(median(arm, 1), 3)

@@ -58,7 +58,8 @@ rollouts = [Rollout(torch.randint(2, cfg.vocab_size, (P,), generator=g),
                     temperature=1.0) for i in range(B)]
 params = [p for p in model.parameters() if p.requires_grad]
 opt, bare_opt = torch.optim.AdamW(params, lr=1e-5), torch.optim.AdamW(params, lr=1e-5)
-cols = collate(rollouts, 0, device=dev)
+EOS_IDS = [1]           # cfg's eos_token_id: the random tokens above are drawn from 2 up, none ends
+cols = collate(rollouts, 0, device=dev, eos_ids=EOS_IDS)
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
 
@@ -95,7 +96,8 @@ def ours(logp_fn=None):
         original = replay_rl.completion_logp
         replay_rl.completion_logp = logp_fn or original
         try:
-            return update_step_engineered(model, opt, rollouts, pad_id=0, current_version=0)
+            return update_step_engineered(model, opt, rollouts, pad_id=0, eos_ids=EOS_IDS,
+                                          current_version=0)
         finally:
             replay_rl.completion_logp = original
     return step
@@ -110,7 +112,7 @@ def timed(fn):
 
 
 fns = {"bare": bare, "ours": ours(), "before": ours(before), "no_entropy": ours(no_entropy),
-       "collate+copy": lambda: collate(rollouts, 0, device=dev)}
+       "collate+copy": lambda: collate(rollouts, 0, device=dev, eos_ids=EOS_IDS)}
 for fn in fns.values():
     fn(), fn()
 ms = {k: [] for k in fns}

@@ -189,9 +189,11 @@ def main(argv=None) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.99),
                                   weight_decay=0.0)                          # as train.py's
 
+    eos_ids, pad_id = rollout.end_token_ids(model, tokenizer)
+
     def step(B: int):
         batch = rng.sample(pool, B)
-        update_step_engineered(model, optimizer, batch, pad_id=tokenizer.pad_token_id, current_version=0, loss_type=cfg.loss,
+        update_step_engineered(model, optimizer, batch, pad_id=pad_id, eos_ids=eos_ids, current_version=0, loss_type=cfg.loss,
                     is_cap=cfg.is_cap, epsilon=cfg.epsilon, normalization=cfg.normalization,
                     temperature=cfg.temperature, asymre_tau=cfg.asymre_tau, micro_batch_size=cfg.micro_batch_size,
                     max_grad_norm=cfg.max_grad_norm)

@@ -71,10 +71,10 @@ def logp_fn(chunk: int):
 
 # ---- Engineering: the same step in micro-batches, over processes, in fp16, skipping NaN ----
 def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id: int,
-                           current_version: int, temperature: float = 1.0, beta: float = 0.0,
-                           normalization: str = "token_mean", micro_batch_size: int = 0,
-                           max_grad_norm: float = 1.0, loss_scale: float = 1.0,
-                           logp_fn=None, **loss_args) -> dict:
+                           eos_ids: list[int], current_version: int, temperature: float = 1.0,
+                           beta: float = 0.0, normalization: str = "token_mean",
+                           micro_batch_size: int = 0, max_grad_norm: float = 1.0,
+                           loss_scale: float = 1.0, logp_fn=None, **loss_args) -> dict:
     """update_step (the same gradient, the same optimizer step) with what train.py needs besides:
     - micro-batches of ``micro_batch_size`` rollouts (gradient accumulation): each micro-batch's
       loss is divided by the whole batch's tokens (token_mean) or sequences (sequence_mean),
@@ -113,7 +113,7 @@ def update_step_engineered(model, optimizer, rollouts: list[Rollout], *, pad_id:
     optimizer.zero_grad(set_to_none=True)
     for i in range(0, len(rollouts), micro):
         chunk = rollouts[i:i + micro]
-        cols = collate(chunk, pad_id, current_version, device=device)
+        cols = collate(chunk, pad_id, current_version, device=device, eos_ids=eos_ids)
         loss, m, entropy = batch_loss(model, cols, temperature=temperature, beta=beta,
                                       normalization=normalization, logp_fn=logp_fn,
                                       num_items_in_batch=count, **loss_args)

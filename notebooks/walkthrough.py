@@ -124,6 +124,9 @@ print(f"round: {R} rollouts, mean reward {stats['reward']:.3f}, groups with A = 
 # %%
 from buffer import ReplayBuffer
 from replay_rl import update_step
+from rollout import end_token_ids
+
+eos_ids, pad_id = end_token_ids(model, tokenizer)   # collate refuses tokens after an end token
 
 buffer = ReplayBuffer(N, seed=0)
 buffer.add(rollouts)
@@ -131,7 +134,7 @@ buffer.add(new_round()[0])
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
                               betas=(0.9, 0.99), weight_decay=0.0)
 model.eval()   # steps in eval mode, as minimal.py and train.py: no dropout, gradients all the same
-first = update_step(model, optimizer, buffer.sample(B), pad_id=tokenizer.pad_token_id, current_version=step)
+first = update_step(model, optimizer, buffer.sample(B), pad_id=pad_id, eos_ids=eos_ids, current_version=step)
 step += 1
 print(f"update 1, on fresh rollouts only: is_ratio_mean {first['is_ratio_mean']:.6f}, age_max {first['age_max']:.0f}")
 buffer.add(new_round()[0])                   # the oldest round leaves (FIFO)
@@ -152,7 +155,7 @@ from buffer import collate
 from replay_rl import completion_logp, policy_loss
 
 sampled = buffer.sample(B)
-cols = collate(sampled, tokenizer.pad_token_id, current_version=step)
+cols = collate(sampled, pad_id, current_version=step, eos_ids=eos_ids)
 with torch.no_grad():
     logp, _ = completion_logp(model, cols)
 mask = cols["completion_mask"].bool()
@@ -164,7 +167,7 @@ loss, metrics = policy_loss(logp, cols["behaviour_logp"], cols["advantage"], col
 truncated = int((rho[mask] > C).sum())
 print(f"weights cut at C = {C}: {truncated} of {int(mask.sum())} tokens "
       f"(is_truncated_frac {metrics['is_truncated_frac']:.4f}); loss {loss:.4f}")
-second = update_step(model, optimizer, sampled, pad_id=tokenizer.pad_token_id, current_version=step)
+second = update_step(model, optimizer, sampled, pad_id=pad_id, eos_ids=eos_ids, current_version=step)
 step += 1
 print(f"update 2: is_ratio_mean {second['is_ratio_mean']:.4f}, is_ratio_max {second['is_ratio_max']:.4f}, "
       f"truncated {second['is_truncated_frac']:.4f}, age_mean {second['age_mean']:.2f}")

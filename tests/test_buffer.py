@@ -7,6 +7,9 @@ from buffer import (ReplayBuffer, ReplayBufferWithVariants, Rollout, buffer_stat
                     load_buffer_state)
 
 
+EOS = 99    # the end id collate takes: make's completions hold none (cut at max_new_tokens)
+
+
 def make(i, version=0, prompt_len=2, completion_len=3):
     """A rollout whose tokens encode its id i, so order and identity are checkable."""
     return Rollout(prompt_ids=torch.full((prompt_len,), 100 + i), completion_ids=torch.arange(completion_len) + 10 * i,
@@ -64,7 +67,8 @@ def test_use_counts_and_ages():
     batch = buf.sample(2)
     batch = buf.sample(2)
     assert [r.uses for r in buf.items] == [2, 2]
-    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, current_version=5)
+    cols = collate(sorted(batch, key=lambda r: r.policy_version), pad_id=0, current_version=5,
+                   eos_ids=[EOS])
     assert cols["age"].tolist() == [5.0, 2.0]
 
 
@@ -72,10 +76,11 @@ def test_collate_gives_ages_only_for_a_given_policy_version_and_never_negative()
     """A default policy_version of 0 gave negative ages for rollouts of later policies: now the
     ages come only with the version, and a version older than a rollout's is refused."""
     rollouts = [make(0, version=3), make(1, version=4)]
-    assert "age" not in collate(rollouts, pad_id=0)
-    assert collate(rollouts, pad_id=0, current_version=4)["age"].tolist() == [1.0, 0.0]
+    assert "age" not in collate(rollouts, pad_id=0, eos_ids=[EOS])
+    cols = collate(rollouts, pad_id=0, current_version=4, eos_ids=[EOS])
+    assert cols["age"].tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="current_version 3"):
-        collate(rollouts, pad_id=0, current_version=3)
+        collate(rollouts, pad_id=0, current_version=3, eos_ids=[EOS])
 
 
 def test_max_age_drops_stale_rollouts():
@@ -108,7 +113,7 @@ def test_collate_pads_prompts_left_and_completions_right():
     a = Rollout(torch.tensor([5, 6, 7]), torch.tensor([8, 1]), torch.tensor([-0.1, -0.2]), 1.0, 0.5, 0, 0.5, 1.0)
     b = Rollout(torch.tensor([9]), torch.tensor([3, 4, 1]), torch.tensor([-0.3, -0.4, -0.5]), 0.0, -0.5, 0, 0.5,
                 1.0)
-    cols = collate([a, b], pad_id=0)
+    cols = collate([a, b], pad_id=0, eos_ids=[1])     # both end with EOS 1
     assert cols["input_ids"].tolist() == [[5, 6, 7, 8, 1, 0], [0, 0, 9, 3, 4, 1]]
     assert cols["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
     assert cols["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
@@ -185,9 +190,9 @@ def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
     which it must be given."""
     import dataclasses
     cool = [dataclasses.replace(make(i), temperature=0.7) for i in range(3)]
-    assert collate(cool, pad_id=0)["temperature"] == 0.7
+    assert collate(cool, pad_id=0, eos_ids=[EOS])["temperature"] == 0.7
     with pytest.raises(ValueError, match=r"temperatures \[0.7, 1.0\] in one batch"):
-        collate(cool + [make(3)], pad_id=0)
+        collate(cool + [make(3)], pad_id=0, eos_ids=[EOS])
     buf = ReplayBuffer(capacity=4)
     buf.add(cool)
     state = buffer_state(buf)

@@ -318,7 +318,7 @@ def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, tiny_path, mon
 def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypatch):
     import replay_rl
     from infra import engineered_update
-    from rollout import generate_rollouts
+    from rollout import end_token_ids, generate_rollouts
     import tasks
     model, tok = policy.load_policy(tiny_path, lora_r=4)
     task = tasks.addition_task(2)
@@ -327,7 +327,8 @@ def test_skipped_step_leaves_weights_and_optimizer_unchanged(tiny_path, monkeypa
     real = replay_rl.policy_loss
     monkeypatch.setattr(replay_rl, "policy_loss", lambda *a, **k: (lambda l, m: (l + float("inf"), m))(*real(*a, **k)))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, current_version=0)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id,
+                                                 eos_ids=end_token_ids(model, tok)[0], current_version=0)
     assert m["skipped"] == 1 and not optimizer.state
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 

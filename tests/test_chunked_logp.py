@@ -67,6 +67,9 @@ def models(tiny_path, tmp_path_factory):
             "qwen2, untied": with_moved_adapter(small_qwen2(tmp_path_factory.mktemp("qwen2")))}
 
 
+EOS_IDS = [1]   # the character tokenizer's EOS; batch() draws its tokens from 3 up, never an end
+
+
 def batch(model, pad_id: int, temperature: float, rows: int = 7):
     """Rollouts of random tokens: prompts and completions of different lengths (left and right
     padding), behaviour log-probs up to 0.3 off the model's own (ratios ~0.7 to ~1.4: tis truncates
@@ -80,7 +83,7 @@ def batch(model, pad_id: int, temperature: float, rows: int = 7):
                         policy_version=0, baseline=0.4, temperature=temperature)
                 for i, n in enumerate(lengths)]
     with torch.no_grad():
-        logp, _ = completion_logp(model, collate(rollouts, pad_id, 0), temperature)
+        logp, _ = completion_logp(model, collate(rollouts, pad_id, 0, eos_ids=EOS_IDS), temperature)
     logp += 0.3 * (2 * torch.rand(logp.shape, generator=g) - 1)
     return [dataclasses.replace(r, behaviour_logp=logp[i, :n])
             for i, (r, n) in enumerate(zip(rollouts, lengths))]
@@ -108,7 +111,7 @@ def test_the_chunked_loss_and_lora_gradients_are_the_plain_ones(models, model_na
     (several chunks, the last one short); beta = 0.1: the reference's log-probs (adapter off) go
     through it too."""
     model, pad_id = models[model_name]
-    cols = collate(batch(model, pad_id, temperature), pad_id, 0)
+    cols = collate(batch(model, pad_id, temperature), pad_id, 0, eos_ids=EOS_IDS)
     args = dict(temperature=temperature, loss_type=loss_type, normalization=normalization,
                 is_cap=1.2, beta=0.1)
     loss, metrics, entropy, grads = loss_and_grads(model, cols, None, **args)
@@ -132,7 +135,7 @@ def test_the_chunked_loss_and_lora_gradients_are_the_plain_ones(models, model_na
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_chunked_log_probs_are_the_plain_ones_and_0_on_padding(models, temperature):
     model, pad_id = models["qwen2, untied"]
-    cols = collate(batch(model, pad_id, temperature), pad_id, 0)
+    cols = collate(batch(model, pad_id, temperature), pad_id, 0, eos_ids=EOS_IDS)
     real = cols["completion_mask"].bool()
     with torch.no_grad():
         logp, entropy = completion_logp(model, cols, temperature)
@@ -153,7 +156,8 @@ def test_update_step_engineered_takes_the_same_step_with_chunks(models):
     for chunk in (0, 3):
         trained = copy.deepcopy(model)
         m = update_step_engineered(trained, torch.optim.SGD(trainable(trained), lr=0.5), rollouts,
-                                   pad_id=pad_id, current_version=0, micro_batch_size=3,
+                                   pad_id=pad_id, eos_ids=EOS_IDS, current_version=0,
+                                   micro_batch_size=3,
                                    logp_fn=engineered_update.logp_fn(chunk), max_grad_norm=1e3)
         after[chunk] = m, torch.cat([p.detach().flatten() for p in trainable(trained)])
     (plain, weights), (chunked, chunked_weights) = after[0], after[3]
@@ -170,7 +174,7 @@ def test_no_tokens_by_vocabulary_tensor_is_kept_for_the_backward(models):
     """What autograd saves in the chunked forward: nothing with the vocabulary as a dimension (the
     plain path keeps its [batch, completion_len, vocab] logits)."""
     model, pad_id = models["qwen2, untied"]
-    cols = collate(batch(model, pad_id, 0.7), pad_id, 0)
+    cols = collate(batch(model, pad_id, 0.7), pad_id, 0, eos_ids=EOS_IDS)
     vocab = model.get_base_model().config.vocab_size
     weights = {tuple(p.shape) for p in model.parameters()}
     for fn, keeps_logits in ((completion_logp, True), (chunked_completion_logp, False)):
@@ -197,7 +201,7 @@ def test_models_whose_logits_are_not_the_head_alone_take_the_plain_path(models, 
     Gemma2ForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     gemma, pad_id = with_moved_adapter(str(tmp_path))
-    cols = collate(batch(gemma, pad_id, 1.0), pad_id, 0)
+    cols = collate(batch(gemma, pad_id, 1.0), pad_id, 0, eos_ids=EOS_IDS)
     with torch.no_grad():
         assert torch.equal(chunked_completion_logp(gemma, cols, 1.0, 4)[0],
                            completion_logp(gemma, cols, 1.0)[0])
@@ -206,7 +210,7 @@ def test_models_whose_logits_are_not_the_head_alone_take_the_plain_path(models, 
     trained_head = copy.deepcopy(model)
     head = trained_head.get_base_model().get_output_embeddings()
     head.weight.requires_grad_(True)
-    cols = collate(batch(trained_head, pad_id, 1.0), pad_id, 0)
+    cols = collate(batch(trained_head, pad_id, 1.0), pad_id, 0, eos_ids=EOS_IDS)
     logp, _ = chunked_completion_logp(trained_head, cols, 1.0, 4)
     assert torch.equal(logp, completion_logp(trained_head, cols, 1.0)[0])
     logp.sum().backward()
@@ -215,7 +219,7 @@ def test_models_whose_logits_are_not_the_head_alone_take_the_plain_path(models, 
 
 def test_a_chunk_below_one_token_and_another_temperature_are_refused(models):
     model, pad_id = models["tiny llama, tied"]
-    cols = collate(batch(model, pad_id, 0.7), pad_id, 0)
+    cols = collate(batch(model, pad_id, 0.7), pad_id, 0, eos_ids=EOS_IDS)
     with pytest.raises(ValueError, match="chunk must be at least 1 token, got 0"):
         chunked_completion_logp(model, cols, 0.7, 0)
     with pytest.raises(ValueError, match="temperature 0.7 but log pi_theta is taken at 1"):

@@ -32,7 +32,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
     from infra import engineered_update
     from buffer import ReplayBuffer, buffer_state
     from infra.policy import load_policy
-    from rollout import generate_rollouts
+    from rollout import end_token_ids, generate_rollouts
     from safetensors.torch import load_file, save_file
 
     def policy():
@@ -63,6 +63,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         import replay_rl
         from infra import engineered_update, policy
         from buffer import ReplayBuffer, load_buffer_state
+        from rollout import end_token_ids
         from safetensors.torch import load_file, save_file
         buf = ReplayBuffer(10**6)
         load_buffer_state(buf, load_file({str(tmp_path / "rollouts.safetensors")!r}))
@@ -78,7 +79,8 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
             mine = buf.items[rank::world]           # this rank's share of the batch
             collectives.clear()
-            m = engineered_update.update_step_engineered(model, opt, mine, pad_id=tok.pad_token_id, current_version=0,
+            m = engineered_update.update_step_engineered(model, opt, mine, pad_id=tok.pad_token_id,
+                                      eos_ids=end_token_ids(model, tok)[0], current_version=0,
                                       normalization=normalization, micro_batch_size=2, beta=0.05)
             out[normalization] = {{**m, "collectives": len(collectives)}}
             if rank == 0:
@@ -96,7 +98,8 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path, tiny_path, add
         # SGD: the step is the gradient itself (Adam's first step is ~lr * sign(g), which turns rounding
         # noise on near-zero gradients into lr-sized differences)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-        m = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, current_version=0,
+        m = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id,
+                                  eos_ids=end_token_ids(model, tok)[0], current_version=0,
                                   normalization=normalization, beta=0.05)
         weights = load_file(str(tmp_path / f"{normalization}.safetensors"))
         for name, p in model.named_parameters():

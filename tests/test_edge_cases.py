@@ -78,7 +78,7 @@ def test_zero_advantage_filter_is_refused_with_asymre(capsys):
 def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     import replay_rl
     from infra import engineered_update
-    from rollout import generate_rollouts
+    from rollout import end_token_ids, generate_rollouts
     torch.manual_seed(0)
     model, tok = policy.load_policy(tiny_path, lora_r=4)
     for name, p in model.named_parameters():          # an adapter that moved: KL to the base is not 0
@@ -92,7 +92,8 @@ def test_logged_ref_kl_does_not_depend_on_the_micro_batch(tiny_path, addition):
     for micro in (0, 5):
         model.load_state_dict(start, strict=False)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        figures[micro] = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id, current_version=0,
+        figures[micro] = engineered_update.update_step_engineered(model, opt, rollouts, pad_id=tok.pad_token_id,
+                                               eos_ids=end_token_ids(model, tok)[0], current_version=0,
                                                beta=0.1, normalization="sequence_mean", micro_batch_size=micro)
     assert figures[0]["ref_kl"] > 1e-4
     assert figures[5]["ref_kl"] == pytest.approx(figures[0]["ref_kl"], rel=1e-5)

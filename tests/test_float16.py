@@ -10,7 +10,7 @@ import replay_rl
 from infra import engineered_update
 import train
 from buffer import collate
-from rollout import generate_rollouts
+from rollout import end_token_ids, generate_rollouts
 
 
 def policy_and_rollouts(addition, dtype="float16"):
@@ -32,7 +32,8 @@ def gradient(model, tok, rollouts, loss_scale, max_grad_norm=1e9, metrics=None):
     max_grad_norm (by default never); its metrics go into ``metrics``."""
     params = [p for p in model.parameters() if p.requires_grad]
     m = engineered_update.update_step_engineered(model, torch.optim.SGD(params, lr=0.0), rollouts, pad_id=tok.pad_token_id,
-                              current_version=0, max_grad_norm=max_grad_norm, loss_scale=loss_scale)
+                              eos_ids=end_token_ids(model, tok)[0], current_version=0,
+                              max_grad_norm=max_grad_norm, loss_scale=loss_scale)
     (metrics if metrics is not None else {}).update(m)
     return torch.cat([p.grad.flatten() for p in params])
 
@@ -43,14 +44,14 @@ def test_float16_keeps_lora_optimizer_and_log_probs_in_float32(tiny_path, additi
     lora = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
     assert base == {torch.float16} and lora == {torch.float32}     # peft's autocast_adapter_dtype
     assert all(p.requires_grad == ("lora_" in n) for n, p in model.named_parameters())
-    batch = collate(rollouts, tok.pad_token_id, 0)
+    batch = collate(rollouts, tok.pad_token_id, 0, eos_ids=end_token_ids(model, tok)[0])
     logp, entropy = replay_rl.completion_logp(model, batch)
     assert logp.dtype == entropy.dtype == torch.float32
     loss, _ = replay_rl.policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
     assert loss.dtype == torch.float32
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, current_version=0,
-                              loss_scale=engineered_update.FP16_LOSS_SCALE)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id,
+                              eos_ids=end_token_ids(model, tok)[0], current_version=0, loss_scale=engineered_update.FP16_LOSS_SCALE)
     assert m["skipped"] == 0 and m["grad_norm"] > 0
     states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
     assert states and {t.dtype for t in states} == {torch.float32}
@@ -62,7 +63,7 @@ def test_the_scaled_gradient_unscaled_is_the_gradient_of_the_loss(tiny_path, add
     the loss that completion_logp and policy_loss give, and it is unscaled before clipping (the
     clipped gradient and the logged grad_norm are those of L, not of S * L)."""
     model, tok, rollouts = policy_and_rollouts(addition, "float32")
-    batch = collate(rollouts, tok.pad_token_id, 0)
+    batch = collate(rollouts, tok.pad_token_id, 0, eos_ids=end_token_ids(model, tok)[0])
     logp, _ = replay_rl.completion_logp(model, batch)
     loss, _ = replay_rl.policy_loss(logp, batch["behaviour_logp"], batch["advantage"], batch["completion_mask"])
     by_hand = torch.cat([g.flatten() for g in torch.autograd.grad(

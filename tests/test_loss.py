@@ -157,22 +157,24 @@ def test_asymre_update_step_weighs_by_reward_and_baseline(tiny_path, addition):
     import replay_rl
     from infra import engineered_update
     from buffer import collate
-    from rollout import generate_rollouts
+    from rollout import end_token_ids, generate_rollouts
     torch.manual_seed(0)
     model, tok = policy.load_policy(tiny_path, lora_r=4)
     rollouts, _ = generate_rollouts(model, tok, ["1+2=", "45+67=", "9+99="], addition.reward, num_generations=4,
                                     max_new_tokens=5, policy_version=0)
     for i, r in enumerate(rollouts):    # each group's rewards [1, 0, 0, 1]: V = 0.5, so r - (V - 0.1) = 0.6 / -0.4
         r.reward, r.baseline, r.advantage = float(i % 4 in (0, 3)), 0.5, 100.0
-    batch = collate(rollouts, tok.pad_token_id)
+    eos_ids = end_token_ids(model, tok)[0]
+    batch = collate(rollouts, tok.pad_token_id, eos_ids=eos_ids)
     with torch.no_grad():
         logp, _ = replay_rl.completion_logp(model, batch)
     coefficient = torch.tensor([0.6 if i % 4 in (0, 3) else -0.4 for i in range(len(rollouts))])
     mask = batch["completion_mask"]
     expected = -(coefficient[:, None] * logp * mask).sum() / mask.sum()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id, current_version=0,
-                              loss_type="asymre", asymre_tau=0.1)
+    m = engineered_update.update_step_engineered(model, optimizer, rollouts, pad_id=tok.pad_token_id,
+                                                 eos_ids=eos_ids, current_version=0,
+                                                 loss_type="asymre", asymre_tau=0.1)
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
 

@@ -194,7 +194,7 @@ def batch_of(m: int, prompt: int, completion: int, padded: bool):
                         completion_ids=torch.randint(2, 40, (completion,), generator=g),
                         behaviour_logp=torch.zeros(completion), reward=0.0, advantage=1.0, policy_version=0,
                         baseline=0.0, temperature=1.0) for i in range(m)]
-    return collate(rollouts, 0, 0)
+    return collate(rollouts, 0, 0, eos_ids=[1])      # the character tokenizer's EOS: none drawn
 
 
 def saved_bytes(folder: str, batch, load_in_4bit: bool) -> int:

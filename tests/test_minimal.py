@@ -45,6 +45,11 @@ def demo():
     return model.eval(), tokenizer
 
 
+def end_ids_of(model, tokenizer) -> list[int]:
+    """The ids that end a completion, which both collates take."""
+    return rollout.end_token_ids(model, tokenizer)[0]
+
+
 @pytest.fixture(scope="module")
 def sampled(demo):
     """minimal.generate_rollouts' rollouts of 6 prompts (G = 8), converted to buffer.Rollout."""
@@ -64,7 +69,7 @@ def test_log_mu_by_the_second_forward_is_log_pi_theta_of_the_module(demo, sample
     model, tokenizer = demo
     mine, theirs = sampled
     assert len({len(r.completion_ids) for r in mine}) > 1           # unequal lengths: padding
-    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    cols = buffer.collate(theirs, tokenizer.pad_token_id, eos_ids=end_ids_of(model, tokenizer))
     with torch.no_grad():
         logp, _ = replay_rl.completion_logp(model, cols, minimal.T)
     mask = cols["completion_mask"].bool()
@@ -85,7 +90,7 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
     batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
                                              r.reward, r.advantage, 0, r.baseline, r.temperature)
                              for r in recorded],
-                            tokenizer.pad_token_id)
+                            tokenizer.pad_token_id, eos_ids=minimal.end_ids(model, tokenizer))
     with torch.no_grad():
         logp, _ = minimal.completion_logp(model, batch, minimal.T)
     mask = batch["completion_mask"].bool()
@@ -111,10 +116,11 @@ def test_minimal_and_the_modules_share_names_fields_and_returns(demo, sampled):
     assert "num_generations" in inspect.signature(minimal.generate_rollouts).parameters
     _, figures = minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     assert set(figures) == {"reward"} and 0 <= figures["reward"] <= 1
-    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    eos_ids = end_ids_of(model, tokenizer)
+    cols = buffer.collate(theirs, tokenizer.pad_token_id, eos_ids=eos_ids)
     with torch.no_grad():
-        logp, entropy = minimal.completion_logp(model, minimal.collate(mine, tokenizer.pad_token_id),
-                                                minimal.T)
+        logp, entropy = minimal.completion_logp(
+            model, minimal.collate(mine, tokenizer.pad_token_id, eos_ids=eos_ids), minimal.T)
         module_logp, module_entropy = replay_rl.completion_logp(model, cols, minimal.T)
     mask = cols["completion_mask"].bool()
     assert (entropy[mask] - module_entropy[mask]).abs().max() < 1e-4 and entropy[mask].min() > 0
@@ -142,9 +148,12 @@ def test_group_advantages_equal_the_modules_by_hand():
 
 
 def test_collate_equals_the_modules(demo, sampled):
-    _, tokenizer = demo
+    model, tokenizer = demo
     mine, theirs = sampled
-    a, b = minimal.collate(mine, tokenizer.pad_token_id), buffer.collate(theirs, tokenizer.pad_token_id)
+    eos_ids = minimal.end_ids(model, tokenizer)
+    assert eos_ids == end_ids_of(model, tokenizer)                    # the same end ids
+    a = minimal.collate(mine, tokenizer.pad_token_id, eos_ids=eos_ids)
+    b = buffer.collate(theirs, tokenizer.pad_token_id, eos_ids=eos_ids)
     for key in ("input_ids", "attention_mask", "position_ids", "completion_mask",
                 "behaviour_logp", "advantage"):
         assert torch.equal(a[key], b[key].to(a[key].dtype)), key
@@ -163,7 +172,7 @@ def test_the_loss_and_its_gradient_equal_the_modules(demo, sampled):
     batch: the same value, the same gradient with respect to log pi_theta, weights cut at C."""
     model, tokenizer = demo
     _, theirs = sampled
-    cols = buffer.collate(theirs, tokenizer.pad_token_id)
+    cols = buffer.collate(theirs, tokenizer.pad_token_id, eos_ids=end_ids_of(model, tokenizer))
     with torch.no_grad():
         logp, _ = replay_rl.completion_logp(model, cols, minimal.T)
     mu = stale(logp, 0)
@@ -200,9 +209,12 @@ def both_steps(model, tokenizer, mine, theirs, max_grad_norm, step=None):
     weights after the two steps, the largest move of one step)."""
     ours, other = copy.deepcopy(model), copy.deepcopy(model)
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
-    a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id, minimal.T, minimal.C)
+    eos_ids = end_ids_of(model, tokenizer)
+    a = minimal.update(ours, sgd(ours), mine, tokenizer.pad_token_id, minimal.T, minimal.C,
+                       eos_ids=eos_ids)
     b = (step or replay_rl.update_step)(other, sgd(other), theirs, pad_id=tokenizer.pad_token_id,
-                                        current_version=0, max_grad_norm=max_grad_norm,
+                                        eos_ids=eos_ids, current_version=0,
+                                        max_grad_norm=max_grad_norm,
                                         temperature=minimal.T, is_cap=minimal.C)
     trained = [(x, y, z) for x, y, z in zip(ours.parameters(), other.parameters(),
                                             model.parameters()) if x.requires_grad]
@@ -280,7 +292,8 @@ def test_the_plain_update_is_the_engineered_one_in_micro_batches(demo, stale_bat
     model, tokenizer = demo
     rollouts = stale_batches[1]
     sgd = lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)  # noqa
-    warm = dict(loss_type=loss_type, normalization=normalization, beta=beta, max_grad_norm=1e3)
+    warm = dict(loss_type=loss_type, normalization=normalization, beta=beta, max_grad_norm=1e3,
+                eos_ids=end_ids_of(model, tokenizer))
     model = copy.deepcopy(model)
     if beta:            # one step first moves the adapter off the base, so that the KL term is not 0
         replay_rl.update_step(model, sgd(model), rollouts, pad_id=tokenizer.pad_token_id,
@@ -314,6 +327,7 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     refused)."""
     import transformers
     model, tokenizer = copy.deepcopy(demo[0]), demo[1]
+    eos_ids = minimal.end_ids(model, tokenizer)
     calls = []
     real = transformers.RepetitionPenaltyLogitsProcessor.__call__
     monkeypatch.setattr(transformers.RepetitionPenaltyLogitsProcessor, "__call__",
@@ -336,12 +350,12 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     with pytest.raises(ValueError, match=r"training mode, where dropout may act: call model.eval"):
         minimal.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:2], **ARGS)
     with pytest.raises(ValueError, match="training mode"):
-        minimal.completion_logp(model, minimal.collate(sampled[0][:2], tokenizer.pad_token_id),
-                                minimal.T)
+        minimal.completion_logp(model, minimal.collate(sampled[0][:2], tokenizer.pad_token_id,
+                                                       eos_ids=eos_ids), minimal.T)
     with pytest.raises(ValueError, match="training mode"):
         minimal.update(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
                                               lr=0.0), sampled[0], tokenizer.pad_token_id,
-                       minimal.T, minimal.C)
+                       minimal.T, minimal.C, eos_ids=eos_ids)
     model.eval()
     with pytest.raises(ValueError, match=r"advantage \[6, 1\]: one per rollout"):
         minimal.policy_loss(torch.zeros(6, 3), torch.zeros(6, 3), torch.zeros(6, 1),
@@ -349,12 +363,12 @@ def test_minimal_s_guards_the_second_reader_found_missing(demo, sampled, monkeyp
     padded = copy.copy(sampled[0][0])
     padded.prompt_ids = torch.cat([padded.prompt_ids, torch.tensor([tokenizer.pad_token_id])])
     with pytest.raises(ValueError, match="begins or ends with the pad id"):
-        minimal.collate([padded], tokenizer.pad_token_id)
+        minimal.collate([padded], tokenizer.pad_token_id, eos_ids=eos_ids)
     untrimmed = copy.copy(sampled[0][0])
     untrimmed.completion_ids = torch.cat([untrimmed.completion_ids,
                                           torch.tensor([tokenizer.pad_token_id] * 2)])
     with pytest.raises(ValueError, match="ends with the pad id twice"):
-        minimal.collate([untrimmed], tokenizer.pad_token_id)
+        minimal.collate([untrimmed], tokenizer.pad_token_id, eos_ids=eos_ids)
     with pytest.raises(ValueError, match="17 rollouts added to a buffer of 16"):
         minimal.ReplayBuffer(16, seed=0).add(sampled[0][:17])
 
@@ -378,14 +392,15 @@ def test_minimal_scores_at_the_temperature_it_sampled_at_or_refuses(demo, sample
     """A fourth reader: minimal.completion_logp at T = 1 on rollouts sampled at T = 0.7 gave
     is_ratio_mean 1.0094 on fresh data, no error. Rollouts carry their T; it refuses another."""
     model, tokenizer = demo
-    cols = minimal.collate(sampled[0][:4], tokenizer.pad_token_id)
+    eos_ids = minimal.end_ids(model, tokenizer)
+    cols = minimal.collate(sampled[0][:4], tokenizer.pad_token_id, eos_ids=eos_ids)
     assert cols["temperature"] == minimal.T
     with pytest.raises(ValueError, match=f"sampled at T = {minimal.T}, not 0.7"):
         minimal.completion_logp(model, cols, 0.7)
     mixed = [copy.copy(r) for r in sampled[0][:2]]
     mixed[1].temperature = 0.7
     with pytest.raises(ValueError, match="different temperatures"):
-        minimal.collate(mixed, tokenizer.pad_token_id)
+        minimal.collate(mixed, tokenizer.pad_token_id, eos_ids=eos_ids)
 
 
 def test_a_completion_ends_at_any_end_id_the_model_lists(demo):

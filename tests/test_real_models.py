@@ -14,7 +14,7 @@ from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
-from rollout import generate_rollouts
+from rollout import end_token_ids, generate_rollouts
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 SIZE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -79,13 +79,15 @@ def test_rollouts_update_lora_and_adapter_reloads(model_dirs, arch, tmp_path):
         model.eval()
         rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, reward, num_generations=4, max_new_tokens=6,
                                         policy_version=step)
-        batch = collate(rollouts, tokenizer.pad_token_id, step)
+        eos_ids = end_token_ids(model, tokenizer)[0]
+        batch = collate(rollouts, tokenizer.pad_token_id, step, eos_ids=eos_ids)
         with torch.no_grad():
             logp, _ = completion_logp(model, batch)
         # the log-probs recorded while sampling are those of a training forward on this architecture
         assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 1e-4
         model.train()
-        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=step)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids,
+                               current_version=step)
 
     params = dict(model.named_parameters())
     assert all(not torch.equal(params[n], before) for n, before in lora.items())
@@ -119,10 +121,11 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
                 p.data.normal_(0, 0.05)
         return model, tokenizer
 
-    def lora_grads(model, rollouts, pad_id):
+    def lora_grads(model, rollouts, tokenizer):
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step_engineered(model, optimizer, rollouts, pad_id=pad_id, current_version=0)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                               eos_ids=end_token_ids(model, tokenizer)[0], current_version=0)
         return {n: p.grad for n, p in model.named_parameters() if "lora_" in n}
 
     model, tokenizer = policy()
@@ -131,13 +134,13 @@ def test_4bit_lora_gradients_after_generate(model_dirs):
     counter = itertools.count()
     rollouts, _ = generate_rollouts(model, tokenizer, PROMPTS, lambda p, c: float(next(counter) % 3),
                                     num_generations=4, max_new_tokens=6, policy_version=0)
-    grads = lora_grads(model, rollouts, tokenizer.pad_token_id)
+    grads = lora_grads(model, rollouts, tokenizer)
     assert len(grads) == 28                                                         # A and B of each
     for name, g in grads.items():
         assert g is not None and g.abs().sum() > 0, name
 
     fresh, _ = policy()
-    reference = lora_grads(fresh, rollouts, tokenizer.pad_token_id)
+    reference = lora_grads(fresh, rollouts, tokenizer)
     for name, g in grads.items():
         torch.testing.assert_close(g, reference[name], rtol=1e-4, atol=1e-7, msg=name)
 
@@ -211,7 +214,8 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients(model_dirs, load_i
                                             num_generations=4, max_new_tokens=6, policy_version=0)
         model.train()
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0, micro_batch_size=4)
+        update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                               eos_ids=end_token_ids(model, tokenizer)[0], current_version=0, micro_batch_size=4)
         grads[checkpointing] = {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
     assert len(grads[True]) == 28 and all(g.abs().sum() > 0 for g in grads[True].values())
     for name, g in grads[False].items():

@@ -8,7 +8,7 @@ import torch
 from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
-from rollout import generate_rollouts, group_advantages
+from rollout import end_token_ids, generate_rollouts, group_advantages
 
 
 def test_group_advantages_by_hand():
@@ -48,7 +48,7 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
     torch.manual_seed(1)
     rollouts, stats = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                                         max_new_tokens=5, temperature=temperature, policy_version=0)
-    batch = collate(rollouts, tokenizer.pad_token_id)
+    batch = collate(rollouts, tokenizer.pad_token_id, eos_ids=end_token_ids(model, tokenizer)[0])
     with torch.no_grad():
         logp, entropy = completion_logp(model, batch, temperature)
     mask = batch["completion_mask"]
@@ -111,7 +111,7 @@ def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
         assert eos not in c[:-1]                               # cut at the first EOS ...
         assert c[-1] == eos or len(c) == 4                     # ... which is kept, unless truncated
         assert len(r.behaviour_logp) == len(c)
-    batch = collate(rollouts, tokenizer.pad_token_id)
+    batch = collate(rollouts, tokenizer.pad_token_id, eos_ids=end_token_ids(model, tokenizer)[0])
     assert batch["completion_mask"].sum(1).tolist() == lengths  # EOS counted, pads not
     assert stats["new_tokens"] == sum(lengths)
     # rewards follow the decoded completion, advantages are normalized per group of 4
@@ -142,7 +142,7 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
     torch.manual_seed(3)
     rollouts, _ = generate_rollouts(model, tokenizer, ["11+11=", "22+33="] * 4, addition.reward,
                                     num_generations=4, max_new_tokens=5, policy_version=0)
-    batch = collate(rollouts, tokenizer.pad_token_id)
+    batch = collate(rollouts, tokenizer.pad_token_id, eos_ids=end_token_ids(model, tokenizer)[0])  # [1, 13]
     with torch.no_grad():
         logp, _ = completion_logp(model, batch)
     assert ((logp - batch["behaviour_logp"]).abs() * batch["completion_mask"]).max() < 5e-5     # rounding only (a penalty of 1.3: 0.26)
@@ -181,7 +181,8 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
         assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, quick)) < 1e-5
-        loss = update_step_engineered(model, optimizer, quick, pad_id=tokenizer.pad_token_id, current_version=round_,
+        loss = update_step_engineered(model, optimizer, quick, pad_id=tokenizer.pad_token_id,
+                                      eos_ids=end_token_ids(model, tokenizer)[0], current_version=round_,
                                       temperature=1.5)
         assert loss["grad_norm"] > 0                    # the policy moved: the next round samples anew
     assert caches[0] is caches[1] and caches[2] is not caches[1]
@@ -259,7 +260,7 @@ def test_each_prompt_is_prefilled_once_and_samples_what_plain_generate_samples(p
     plain, shared = found[False], found[True]
     assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in shared]
     assert max((a.behaviour_logp - b.behaviour_logp).abs().max().item() for a, b in zip(plain, shared)) < 1e-5
-    batch = collate(shared, tokenizer.pad_token_id)
+    batch = collate(shared, tokenizer.pad_token_id, eos_ids=end_token_ids(model, tokenizer)[0])
     with torch.no_grad():
         logp, _ = completion_logp(model, batch, 1.3)
     mask = batch["completion_mask"].bool()

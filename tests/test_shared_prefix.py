@@ -26,7 +26,7 @@ from infra.engineered_update import chunked_completion_logp, update_step_enginee
 from infra.policy import load_policy
 from infra.shared_prefix import shared_prefix_logp
 from replay_rl import batch_loss, completion_logp, update_step
-from rollout import generate_rollouts
+from rollout import end_token_ids, generate_rollouts
 
 LOGP_ATOL = 1e-5        # log pi_theta, float32
 RHO_TOL = 1e-4          # rho on fresh data: completion_logp's own bound (test_smollm2)
@@ -127,6 +127,12 @@ def mixed_batch(rollouts: list[Rollout], cut_to: int | None = None) -> list[Roll
     return batch
 
 
+def cols_of(batch: list[Rollout], model, tokenizer) -> dict:
+    """collate's cols of the batch at version 0, with the pad and end ids generation used."""
+    eos_ids, pad_id = end_token_ids(model, tokenizer)
+    return collate(batch, pad_id, 0, eos_ids=eos_ids)
+
+
 def lora_grads(model, cols, logp_fn, **loss_args) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
     loss, _, _ = batch_loss(model, cols, temperature=0.7, logp_fn=logp_fn, **loss_args)
@@ -164,7 +170,7 @@ def figures_of(model, cols, chunk: int = 0, **loss_args) -> dict:
             "values": (plain, shared)}
 
 
-def check_equal(model, batch, pad_id: int, float32_floor: bool = False, chunk: int = 0,
+def check_equal(model, batch, tokenizer, float32_floor: bool = False, chunk: int = 0,
                 **loss_args) -> dict:
     """shared_prefix_logp against completion_logp on ``batch`` (several rows share a prompt),
     asserted in float32: log pi_theta within 1e-5, the entropy within 1e-5 of log(vocab), rho = 1
@@ -173,7 +179,7 @@ def check_equal(model, batch, pad_id: int, float32_floor: bool = False, chunk: i
     activations in the hundreds; the attention's sums over keys round differently for another
     number of key columns), log pi_theta is held instead to the plain forward's own float32 error,
     against the plain forward in float64: the shared one's at most twice that."""
-    cols = collate(batch, pad_id, 0)
+    cols = cols_of(batch, model, tokenizer)
     real = cols["completion_mask"].bool()
     P = cols["input_ids"].shape[1] - real.shape[1]
     assert len({tuple(row) for row in cols["input_ids"][:, :P].tolist()}) < len(batch)
@@ -204,7 +210,7 @@ def test_the_demo_model_gives_the_plain_log_probs_and_gradient(demo, beta, chunk
     model, tokenizer, prompts = demo
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts))
     assert len({len(r.completion_ids) for r in batch}) > 2
-    check_equal(model, batch, tokenizer.pad_token_id, chunk=chunk, beta=beta)
+    check_equal(model, batch, tokenizer, chunk=chunk, beta=beta)
 
 
 @pytest.mark.parametrize("chunk", [0, 5])
@@ -214,7 +220,7 @@ def test_two_other_architectures_give_the_plain_log_probs_and_gradient(tiny_arch
     whole logits, as chunk 0."""
     model, tokenizer, prompts = tiny_archs[arch]
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts))
-    check_equal(model, batch, tokenizer.pad_token_id, chunk=chunk, loss_type="ppo")
+    check_equal(model, batch, tokenizer, chunk=chunk, loss_type="ppo")
 
 
 def test_with_a_chunk_the_head_runs_on_the_decoder_s_hidden_states(demo, tiny_archs,
@@ -229,8 +235,7 @@ def test_with_a_chunk_the_head_runs_on_the_decoder_s_hidden_states(demo, tiny_ar
                         lambda *args: calls.append(args[-1]) or real_apply(*args))
     for (model, tokenizer, prompts), chunked in ((demo, True), (tiny_archs["qwen2"], True),
                                                  (tiny_archs["gpt_neox"], False)):
-        cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                       tokenizer.pad_token_id, 0)
+        cols = cols_of(mixed_batch(fresh_rollouts(model, tokenizer, prompts)), model, tokenizer)
         calls.clear()
         shared_prefix_logp(model, cols, 0.7, chunk=5)
         assert calls == ([5] if chunked else []), (model.config.model_type, calls)
@@ -247,8 +252,7 @@ def test_4bit_weights_give_the_plain_log_probs_and_gradient(tiny_archs, tmp_path
         if "lora_B" in name:
             p.data.normal_(0, 0.05)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
-    check_equal(model, mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                tokenizer.pad_token_id)
+    check_equal(model, mixed_batch(fresh_rollouts(model, tokenizer, prompts)), tokenizer)
 
 
 @pytest.mark.slow
@@ -257,7 +261,7 @@ def test_smollm2_gives_the_plain_log_probs_and_gradient(smollm2, chunk):
     """chunk 256: train.py --model smollm2 --shared-prefix (its vocabulary of 49,152: chunked)."""
     model, tokenizer, prompts = smollm2
     batch = mixed_batch(fresh_rollouts(model, tokenizer, prompts, max_new_tokens=12))
-    check_equal(model, batch, tokenizer.pad_token_id, float32_floor=True, chunk=chunk)
+    check_equal(model, batch, tokenizer, float32_floor=True, chunk=chunk)
 
 
 @pytest.mark.parametrize("name", ["demo", *ARCHITECTURES])
@@ -265,8 +269,7 @@ def test_in_float64_the_difference_is_float32_rounding(demo, tiny_archs, name):
     """The same models in float64 (completion_logp's log-softmax stays float32): the two forwards
     agree 100 times closer than in float32, so what is left there is rounding, not arithmetic."""
     model, tokenizer, prompts = demo if name == "demo" else tiny_archs[name]
-    cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                   tokenizer.pad_token_id, 0)
+    cols = cols_of(mixed_batch(fresh_rollouts(model, tokenizer, prompts)), model, tokenizer)
     found = figures_of(copy.deepcopy(model).double(), cols)
     del found["values"]
     print(name, found)
@@ -277,7 +280,7 @@ def test_completions_of_one_token_take_the_prompt_logits_alone(demo):
     """max_len 1: no completion forward, the prompts' last column scores every token."""
     model, tokenizer, prompts = demo
     check_equal(model, mixed_batch(fresh_rollouts(model, tokenizer, prompts), cut_to=1),
-                tokenizer.pad_token_id)
+                tokenizer)
 
 
 def test_a_batch_of_distinct_prompts_is_the_plain_forward(demo, monkeypatch):
@@ -287,7 +290,7 @@ def test_a_batch_of_distinct_prompts_is_the_plain_forward(demo, monkeypatch):
     calls = []
     monkeypatch.setattr(shared_prefix, "completion_logp",
                         lambda *args: calls.append(1) or completion_logp(*args))
-    cols = collate(rollouts[::G], tokenizer.pad_token_id, 0)
+    cols = cols_of(rollouts[::G], model, tokenizer)
     with torch.no_grad():
         logp, _ = shared_prefix_logp(model, cols, 0.7)
     assert calls == [1] and torch.equal(logp, completion_logp(model, cols, 0.7)[0])
@@ -318,7 +321,8 @@ def test_the_update_steps_take_the_same_step(tiny_archs, micro_batch_size):
     for name, logp_fn in (("plain", None), ("shared", shared_prefix_logp)):
         trained = copy.deepcopy(model)
         optimizer = torch.optim.SGD(trainable(trained), lr=0.5)
-        args = dict(pad_id=tokenizer.pad_token_id, current_version=0, temperature=0.7,
+        args = dict(pad_id=tokenizer.pad_token_id, eos_ids=end_token_ids(model, tokenizer)[0],
+                    current_version=0, temperature=0.7,
                     max_grad_norm=1e3, logp_fn=logp_fn)
         if micro_batch_size:
             metrics = update_step_engineered(trained, optimizer, batch,
@@ -341,8 +345,7 @@ def test_gradient_checkpointing_in_training_mode_is_refused_and_eval_mode_runs(t
     torch.manual_seed(0)
     model, _ = load_policy(tiny_from_config("qwen2", tmp_path / "qwen2"), lora_r=4,
                            gradient_checkpointing=True)
-    cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                   tokenizer.pad_token_id, 0)
+    cols = cols_of(mixed_batch(fresh_rollouts(model, tokenizer, prompts)), model, tokenizer)
     model.train()
     with pytest.raises(ValueError, match="gradient checkpointing in training mode"):
         shared_prefix_logp(model, cols, 0.7)
@@ -366,16 +369,14 @@ def test_a_sliding_window_cache_is_refused(tmp_path, tiny_archs):
     Qwen2ForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     model, _ = load_policy(str(tmp_path), lora_r=4)
-    cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                   tokenizer.pad_token_id, 0)
+    cols = cols_of(mixed_batch(fresh_rollouts(model, tokenizer, prompts)), model, tokenizer)
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
         shared_prefix_logp(model, cols, 0.7)
 
 
 def test_completion_logp_s_guards_come_along(demo):
     model, tokenizer, prompts = demo
-    cols = collate(mixed_batch(fresh_rollouts(model, tokenizer, prompts)),
-                   tokenizer.pad_token_id, 0)
+    cols = cols_of(mixed_batch(fresh_rollouts(model, tokenizer, prompts)), model, tokenizer)
     with pytest.raises(ValueError, match="sampled at temperature 0.7"):
         shared_prefix_logp(model, cols, 1.0)
     with pytest.raises(ValueError, match="collate's layout"):

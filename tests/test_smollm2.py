@@ -18,7 +18,7 @@ from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
-from rollout import generate_rollouts
+from rollout import end_token_ids, generate_rollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IM_END = "<|im_end|>"
@@ -79,7 +79,7 @@ def test_a_round_of_rollouts_with_the_chat_template_has_exact_behaviour_logprobs
     assert ended and cut and len({len(r.completion_ids) for r in ended}) >= 2, stats["completions"]
     assert len(ended) + len(cut) == len(rollouts)                         # nothing kept after an EOS
     assert tokenizer.decode(rollouts[0].prompt_ids) == prompts[0]         # the chat text, unpadded
-    batch = collate(rollouts, tokenizer.pad_token_id, 0)
+    batch = collate(rollouts, tokenizer.pad_token_id, 0, eos_ids=end_token_ids(model, tokenizer)[0])
     mask = batch["completion_mask"]
     assert mask.sum(1).tolist() == [len(r.completion_ids) for r in rollouts]   # the EOS counted
     with torch.no_grad():
@@ -115,7 +115,7 @@ def test_each_prompt_prefilled_once_on_the_chat_template_is_as_exact_as_plain_ge
             assert shapes[0][0] == 1 and shapes[0][1] >= system         # the system prompt, once
         else:
             assert shapes[0] == (8, max(map(len, rows)))                # 4 prompts x 2 copies
-        batch = collate(found[shared], tokenizer.pad_token_id, 0)
+        batch = collate(found[shared], tokenizer.pad_token_id, 0, eos_ids=end_token_ids(model, tokenizer)[0])
         with torch.no_grad():
             logp, _ = completion_logp(model, batch)
         mask = batch["completion_mask"].bool()
@@ -141,7 +141,8 @@ def test_lora_wraps_the_llama_projections_and_an_update_moves_only_the_adapter(s
                                     lambda p, c: next(rewards), num_generations=4, max_new_tokens=8, policy_version=0)
     model.train()
     optimizer = torch.optim.AdamW(list(lora.values()), lr=1e-3, weight_decay=0.0)
-    update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
+    update_step_engineered(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                           eos_ids=end_token_ids(model, tokenizer)[0], current_version=0)
     after = dict(model.named_parameters())
     moved = [n for n in lora if not torch.equal(after[n], before[n])]
     # lora_B starts at 0, so the first step moves every lora_B (lora_A's gradient is B^T ... = 0)

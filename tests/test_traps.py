@@ -26,10 +26,15 @@ def policy(tiny_path):
     return policy_with_an_adapter(tiny_path)
 
 
+def end_ids_of(model, tokenizer) -> list[int]:
+    """The ids that end a completion, which collate takes (rollout.end_token_ids)."""
+    return rollout.end_token_ids(model, tokenizer)[0]
+
+
 def largest_log_rho(model, tokenizer, rollouts, temperature=1.0):
     """max |log pi_theta(o_t) - log mu(o_t)| over fresh rollouts: 0 up to rounding when the stored
     log mu is the distribution that drew the tokens."""
-    cols = collate(rollouts, tokenizer.pad_token_id)
+    cols = collate(rollouts, tokenizer.pad_token_id, eos_ids=end_ids_of(model, tokenizer))
     with torch.no_grad():
         logp, _ = completion_logp(model, cols, temperature)
     return ((logp - cols["behaviour_logp"]).abs() * cols["completion_mask"]).max().item()
@@ -114,6 +119,9 @@ def test_trap3_top_p_below_1_is_refused(policy, addition):
         BehaviourLogProbs(model, GenerationConfig(do_sample=True, top_k=0, top_p=0.9))
 
 
+HAND_EOS = [1]      # the end id of hand_built's completion [5, 1]
+
+
 def hand_built(reward, **fields):
     """A Rollout built by hand, as a reader who has their own sampler would."""
     return Rollout(prompt_ids=torch.tensor([3, 4]), completion_ids=torch.tensor([5, 1]),
@@ -128,7 +136,8 @@ def test_trap4_a_rollout_has_no_silent_baseline():
     with pytest.raises(TypeError, match="baseline"):
         hand_built(1.0, temperature=1.0)
     cols = collate([hand_built(1.0, baseline=0.5, temperature=1.0),
-                    hand_built(0.0, baseline=0.5, temperature=1.0)], pad_id=0)
+                    hand_built(0.0, baseline=0.5, temperature=1.0)], pad_id=0,
+                   eos_ids=HAND_EOS)
     coef = advantage_term(None, torch.zeros(2, 2), "asymre", cols["reward"], cols["baseline"],
                               asymre_tau=0.1)
     assert torch.allclose(coef.squeeze(1), torch.tensor([0.6, -0.4]))
@@ -142,7 +151,8 @@ def test_trap5_a_rollout_has_no_silent_temperature(policy):
     model, _ = policy
     with pytest.raises(TypeError, match="temperature"):
         hand_built(1.0, baseline=0.5)
-    cols = collate([hand_built(1.0, baseline=0.5, temperature=0.7)], pad_id=0)
+    cols = collate([hand_built(1.0, baseline=0.5, temperature=0.7)], pad_id=0,
+                   eos_ids=HAND_EOS)
     with pytest.raises(ValueError, match="sampled at temperature 0.7 but log pi_theta is taken at 1"):
         completion_logp(model, cols)
 
@@ -159,13 +169,14 @@ def test_trap6_the_plain_steps_skip_a_non_finite_step(policy, addition):
     rollouts[0].behaviour_logp = rollouts[0].behaviour_logp.clone()
     rollouts[0].behaviour_logp[0] = math.nan
     rollouts[0].advantage = rollouts[1].advantage = 1.0       # a gradient, whatever the rewards
+    eos_ids = end_ids_of(model, tokenizer)
     steps = [lambda m, opt: update_step(m, opt, rollouts, pad_id=tokenizer.pad_token_id,
-                                        current_version=0, temperature=1.5),
+                                        eos_ids=eos_ids, current_version=0, temperature=1.5),
              lambda m, opt: minimal.update(m.eval(), opt, [
                  minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp, r.reward,
                                  r.advantage, 0, r.baseline, r.temperature) for r in rollouts],
                  tokenizer.pad_token_id,
-                 1.5, 2.0)]
+                 1.5, 2.0, eos_ids=eos_ids)]
     for step in steps:
         trained = copy.deepcopy(model)
         params = [p for p in trained.parameters() if p.requires_grad]
@@ -322,7 +333,7 @@ def test_issue61_trap9_completion_logp_refuses_another_layout(policy):
     """completion_logp reads collate's layout; its only guard was the temperature key. Cols
     missing a key, or a completion_mask as wide as the sequence, now raise one line."""
     model, _ = policy
-    cols = collate([hand_built(1.0, baseline=0.5, temperature=1.0)], pad_id=0)
+    cols = collate([hand_built(1.0, baseline=0.5, temperature=1.0)], pad_id=0, eos_ids=HAND_EOS)
     for broken in ({k: v for k, v in cols.items() if k != "position_ids"},
                    {**cols, "completion_mask": torch.ones_like(cols["input_ids"])}):
         with pytest.raises(ValueError, match="collate's layout"):
@@ -338,7 +349,8 @@ def test_issue61_trap10_the_kl_term_needs_a_peft_model(policy):
     rollouts = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.0)]
     optimizer = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-3)
     with pytest.raises(ValueError, match="beta 0.1 > 0: .*disable_adapter"):
-        update_step(bare, optimizer, rollouts, pad_id=0, current_version=0, beta=0.1)
+        update_step(bare, optimizer, rollouts, pad_id=0, eos_ids=HAND_EOS, current_version=0,
+                    beta=0.1)
 
 
 def test_issue61_trap11_help_shows_the_models_own_defaults(capsys):
@@ -467,7 +479,8 @@ def test_t1_dropout_a_layer_reads_from_its_config_is_found_zeroed_and_refused(tm
     model.train()                               # as train.py steps: training mode
     metrics = update_step(model, torch.optim.SGD([p for p in model.parameters()
                                                   if p.requires_grad], lr=0.0),
-                          rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
+                          rollouts, pad_id=tokenizer.pad_token_id,
+                          eos_ids=end_ids_of(model, tokenizer), current_version=0)
     assert abs(metrics["is_ratio_max"] - 1) < 1e-4 and metrics["approx_kl"] < 1e-7
 
 
@@ -500,10 +513,11 @@ def test_t3_update_step_refuses_active_dropout_in_training_mode(policy, addition
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
     model.train()
     with pytest.raises(ValueError, match=r"training mode with active dropout \(.*attention_dropout"):
-        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0)
+        update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                    eos_ids=end_ids_of(model, tokenizer), current_version=0)
     model.eval()
     metrics = update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
-                          current_version=0)
+                          eos_ids=end_ids_of(model, tokenizer), current_version=0)
     assert abs(metrics["is_ratio_mean"] - 1) < 1e-5
 
 
@@ -521,7 +535,7 @@ def test_t4_collate_refuses_prompt_ids_that_carry_padding(policy, addition):
         padded.prompt_ids = torch.cat([torch.tensor(left, dtype=torch.long), unpadded,
                                        torch.tensor(right, dtype=torch.long)])
         with pytest.raises(ValueError, match=f"begin or end with the pad id {pad}: store each"):
-            collate(rollouts, pad)
+            collate(rollouts, pad, eos_ids=end_ids_of(model, tokenizer))
 
 
 def test_t5_the_recorder_refuses_beam_search(policy):
@@ -587,7 +601,8 @@ def two_prompt_batch(model, tokenizer, reward, G: int = 2, seed: int | None = No
         torch.manual_seed(seed)
     rollouts, _ = generate_rollouts(model, tokenizer, ["5+7=", "47+38="], reward,
                                     num_generations=G, max_new_tokens=5, policy_version=0)
-    return rollouts, collate(rollouts, tokenizer.pad_token_id, 0)
+    return rollouts, collate(rollouts, tokenizer.pad_token_id, 0,
+                             eos_ids=end_ids_of(model, tokenizer))
 
 
 def right_padded(cols: dict, rollouts: list, pad_id: int) -> dict:
@@ -630,11 +645,11 @@ def test_reader5_trap2_max_grad_norm_0_is_refused_by_both_steps(policy, addition
     for step in (update_step, update_step_engineered):
         for bad in (0.0, -1.0):
             with pytest.raises(ValueError, match="max_grad_norm"):
-                step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
-                     max_grad_norm=bad)
+                step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                     eos_ids=end_ids_of(model, tokenizer), current_version=0, max_grad_norm=bad)
     before = [p.detach().clone() for p in params]
-    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id, current_version=0,
-                max_grad_norm=float("inf"))
+    update_step(model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
+                eos_ids=end_ids_of(model, tokenizer), current_version=0, max_grad_norm=float("inf"))
     assert any(not torch.equal(a, b) for a, b in zip(before, params))
 
 
@@ -749,12 +764,13 @@ def test_reader9_collate_refuses_a_behaviour_logp_that_is_not_one_per_token(logp
                            behaviour_logp=stored, reward=1.0, advantage=0.5, policy_version=0,
                            baseline=0.5, temperature=1.0)
     with pytest.raises(ValueError, match="one log mu per completion token"):
-        collate([make(Rollout)], pad_id=0)
+        collate([make(Rollout)], pad_id=0, eos_ids=[9])
     with pytest.raises(ValueError, match="log mu of each completion token"):
-        minimal.collate([make(minimal.Rollout)], pad_id=0)
+        minimal.collate([make(minimal.Rollout)], pad_id=0, eos_ids=[9])
     right = make(Rollout)
     right.behaviour_logp = torch.tensor([-1.0, -2.0, -3.0])
-    assert collate([right], pad_id=0)["behaviour_logp"].tolist() == [[-1.0, -2.0, -3.0]]
+    cols = collate([right], pad_id=0, eos_ids=[9])
+    assert cols["behaviour_logp"].tolist() == [[-1.0, -2.0, -3.0]]
 
 
 @pytest.mark.parametrize("shape", [(4, 1), (4,)])
@@ -809,3 +825,23 @@ def test_reader13_every_torch_dropout_class_is_found_and_refused(dropout):
     model.train()
     model[1].p = 0.0
     replay_rl.refuse_active_dropout(model)
+
+
+def test_collate_refuses_tokens_after_the_first_end_token():
+    """A completion stored with one pad after its EOS ([a, b, EOS, PAD], pad != eos) passed both
+    collates: its completion_mask is by length, so the pad was trained on, silently. Both refuse
+    it now (they take the end ids, eos_ids); the same rows trimmed after their EOS pass."""
+    a, b, eos, pad = 7, 8, 2, 0
+    make = lambda cls, ids: cls(prompt_ids=torch.tensor([5, 6]), completion_ids=torch.tensor(ids),
+                                behaviour_logp=-torch.ones(len(ids)), reward=1.0, advantage=0.5,
+                                policy_version=0, baseline=0.5, temperature=1.0)
+    with pytest.raises(ValueError, match="after its first end token"):
+        collate([make(Rollout, [a, b, eos, pad])], pad_id=pad, eos_ids=[eos])
+    with pytest.raises(ValueError, match="after its first end token"):
+        minimal.collate([make(minimal.Rollout, [a, b, eos, pad])], pad_id=pad, eos_ids=[eos])
+    trimmed = [make(Rollout, [a, b, eos]), make(Rollout, [a])]     # one cut at max_new_tokens
+    assert collate(trimmed, pad_id=pad, eos_ids=[eos])["completion_mask"].tolist() == [
+        [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+    mine = [make(minimal.Rollout, [a, b, eos]), make(minimal.Rollout, [a])]
+    assert minimal.collate(mine, pad_id=pad, eos_ids=[eos])["completion_mask"].tolist() == [
+        [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
