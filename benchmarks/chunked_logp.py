@@ -171,7 +171,7 @@ def smollm2_rollouts(seed: int = 0):
 
 def steps(pairs: int = 8) -> dict:
     """update_step_engineered, plain and chunked alternated; the first pair, a warm-up, left out."""
-    from infra.engineered_update import LOGP_CHUNK, update_step_engineered
+    from infra.engineered_update import LOGP_CHUNK, logp_fn, update_step_engineered
     from rollout import end_token_ids
     torch.set_num_threads(1)
     model, tokenizer, rollouts, cfg = smollm2_rollouts()
@@ -180,7 +180,7 @@ def steps(pairs: int = 8) -> dict:
     step = lambda chunk: update_step_engineered(
         model, optimizer, rollouts, pad_id=tokenizer.pad_token_id,
         eos_ids=end_token_ids(model, tokenizer)[0], current_version=0,
-        temperature=cfg.temperature, logp_chunk=chunk)
+        temperature=cfg.temperature, logp_fn=logp_fn(chunk))      # None for 0: plain
     times = {"plain": [], "chunked": []}
     for i in range(pairs + 1):
         for name, chunk in variants:

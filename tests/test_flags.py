@@ -419,10 +419,12 @@ def test_a_minimal_argument_does_what_it_says(name, monkeypatch, capsys):
 
     def loaded(path):
         w.seeded = torch.initial_seed()
-        return torch.nn.Linear(1, 1)
+        model = torch.nn.Linear(1, 1)
+        model.generation_config = types.SimpleNamespace(eos_token_id=None)    # end_ids reads it
+        return model
 
     monkeypatch.setattr(minimal, "AutoTokenizer", types.SimpleNamespace(
-        from_pretrained=lambda path: types.SimpleNamespace(pad_token_id=0)))
+        from_pretrained=lambda path: types.SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(minimal, "AutoModelForCausalLM", types.SimpleNamespace(
         from_pretrained=loaded))
     monkeypatch.setattr(minimal, "get_peft_model", lambda base, config: base)
