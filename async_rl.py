@@ -103,13 +103,14 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     if not cfg.max_new_tokens > 0:
         raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
+    recorded = cfg.record_log_mu or link.fast is not None      # train.sample_round's way
     while (prompts := link.next_order()) is not None:       # waits until the trainer orders
         version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, figures = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            policy_version=version, fast=link.fast, log_mu="recorded",
-            shared_prefill=True)                        # as train.py's
+            policy_version=version, fast=link.fast,
+            log_mu="recorded" if recorded else "forward", shared_prefill=recorded)  # as train.py
         link.push(rollouts, figures)
 
 

@@ -176,13 +176,17 @@ def left_padded(tokenizer, prompts: list[str]):
 @torch.no_grad()
 def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Tensor,
                    lengths: torch.Tensor, *, pad_id: int, eos_ids: list[int], temperature: float,
-                   at_a_time: int = 8):
+                   at_a_time: int | None = None):
     """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
     forward after generate. Until the next optimizer step the model is mu, so log mu is the
     log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
     prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as generate
     returned them; lengths: the tokens each keeps (completion_lengths). at_a_time: completions
-    scored at a time, so that the logits held are [at_a_time, max_len, vocab], not [batch, ...]."""
+    scored at a time, so that the logits held are [at_a_time, max_len, vocab], not [batch, ...];
+    None: as many as keep them within 2^26 values (256 MB in float32; the demo: all at once)."""
+    if at_a_time is None:
+        vocab = model.get_output_embeddings().weight.shape[0]
+        at_a_time = max(1, 2**26 // (completions.shape[1] * vocab))
     # stand-in Rollouts, only to reuse collate: it reads their ids and T; the rest are dummies
     stand_ins = [Rollout(prompt_ids=prompt, completion_ids=row[:k].cpu(),
                          behaviour_logp=torch.zeros(k), reward=0.0, advantage=0.0,

@@ -177,6 +177,7 @@ def sample_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
     """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts),
     in eval mode (no dropout), timed."""
     cfg, state = run.cfg, run.state
+    recorded = cfg.record_log_mu or run.fast is not None
     errors_before = run.reward_fn.errors
     report.reset_peak_memory(run.model)
     run.model.eval()
@@ -185,8 +186,10 @@ def sample_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
-            log_mu="recorded",         # engineering: log mu taken while sampling, no second forward
-            shared_prefill=True)        # engineering: each prompt prefilled once, the same samples
+            # the method: log mu by a no-grad forward after generate (forward_log_mu). Engineering,
+            # by flag (--record-log-mu, --fast-generation): rollout.sample_recorded, log mu taken
+            # while sampling and each prompt prefilled once (the same samples and log mu)
+            log_mu="recorded" if recorded else "forward", shared_prefill=recorded)
     run.mode_for_steps()
     return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
@@ -438,8 +441,13 @@ class Config:
     shared_prefix: bool = opt(False, "the update runs each distinct prompt of a batch once "
         "(infra/shared_prefix.py: the same log-probs, fewer token columns); with --logp-chunk "
         "(a large vocabulary's default) its head then runs in chunks too")
+    record_log_mu: bool = opt(False, "engineering: take log mu while generate samples "
+        "(rollout.sample_recorded) and prefill each prompt once: the same samples and log mu "
+        "(tested) without the no-grad forward after generate; off: the method as read "
+        "(forward_log_mu)")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "
-        "transformers compiles the decode step (CUDA graphs); the first round compiles (slow)")
+        "transformers compiles the decode step (CUDA graphs); the first round compiles (slow); "
+        "it samples as --record-log-mu does")
     trust_remote_code: bool = opt(False, "run code shipped with the model (only if you trust it)")
     # asynchronous generation (async_rl.py)
     generators: int = opt(0, "generation worker processes that sample rounds while the trainer "

@@ -45,12 +45,14 @@ RESUME_FIXED = ("model", "warm_start_steps", "warm_start_seed", "task", "reward_
 # 4 prompts x 4 sampled at temperature 0.7; only groups with a reward spread are stored (the others
 # have advantage 0: no gradient, but under token_mean they count in the denominator, so leaving them
 # out also makes each step larger), in a buffer of 32, and each update takes 16 of them (replay);
-# the task's 40 rounds, evals of 100 prompts every 10. On 2 cores: +0.35 to +0.42 at round 40 in
+# the task's 40 rounds, evals of 100 prompts every 10; log mu recorded while sampling
+# (--record-log-mu), as its documented runs were made, and since a forward after generate over
+# a 49k vocabulary costs a third of an update here. On 2 cores: +0.35 to +0.42 at round 40 in
 # 11.5-14 min, one seed of three down to +0.07 at round 30 (docs/usage.md). A step of B = 256 (the
 # demo's) would take minutes there. python train.py --model smollm2 --help shows these.
 MODEL_DEFAULTS = {"smollm2": dict(task="sums", prompts_per_round=4, num_generations=4, temperature=0.7,
                                   skip_zero_advantage=True, batch_size=16, buffer_size=32, lr=2.5e-4,
-                                  eval_prompts=100, eval_every=10)}
+                                  eval_prompts=100, eval_every=10, record_log_mu=True)}
 
 
 class OneLineParser(argparse.ArgumentParser):

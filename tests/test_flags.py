@@ -102,6 +102,7 @@ report_to              | --report-to tensorboard        | config   | config   | 
 dtype                  | --dtype float16                | config   | config   | config  |
 load_in_4bit           | --load-in-4bit                 | config   | refused  | config  |
 gradient_checkpointing | --gradient-checkpointing       | config   | config   | config  |
+record_log_mu          | --record-log-mu                | config   | config   | config  |
 fast_generation        | --fast-generation              | config   | config   | config  |
 logp_chunk             | --logp-chunk 64                | config   | config   | config  | Llama/Qwen
 shared_prefix          | --shared-prefix                | config   | config   | config  |

@@ -322,8 +322,11 @@ def test_the_committed_cpu_runs_are_of_the_defaults_and_the_docs_state_their_fig
         run = os.path.join(folder, f"seed{seed}")
         saved = json.load(open(os.path.join(run, "config.json")))
         today = dataclasses.asdict(train.parse_config(["--model", "smollm2", "--seed", str(seed)]))
-        # a field newer than these runs counts as saved with its default (they ran before it existed)
-        differ = ({k for k in today if saved.get(k, getattr(train.Config, k)) != today[k]}
+        # a field newer than these runs counts as saved with its default (they ran before it
+        # existed), but record_log_mu: they recorded log mu while sampling, as the flag does now
+        as_ran = {"record_log_mu": True}
+        differ = ({k for k in today
+                   if saved.get(k, as_ran.get(k, getattr(train.Config, k))) != today[k]}
                   - {"output_dir", "progress", "max_rounds"})
         assert not differ and saved["max_rounds"] == tasks.load_task("sums").max_rounds, differ
         rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]

@@ -192,6 +192,33 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
     assert len(runs[0]) == len(runs[1]) == 3 + 2                       # 3 rounds, 2 evals
 
 
+def test_record_log_mu_samples_by_the_recorder_and_trains_on_the_same_samples(tmp_path, tiny_path,
+                                                                              monkeypatch):
+    """By default train.py samples by the method's path (log_mu="forward": sample_completions, then
+    forward_log_mu); --record-log-mu by rollout.sample_recorded (the recorder, each prompt
+    prefilled once). Under one seed both train on the same samples: the same metrics."""
+    import rollout
+    asked, plain = [], rollout.generate_rollouts
+    monkeypatch.setattr(rollout, "generate_rollouts", lambda *a, **k: (
+        asked.append((k["log_mu"], k["shared_prefill"])), plain(*a, **k))[1])
+    small = ["--max-rounds", "3", "--prompts-per-round", "4", "--num-generations", "4",
+             "--buffer-size", "32", "--batch-size", "16", "--eval-prompts", "20", "--seed", "3",
+             "--no-plot"]
+    train.main(small + ["--output-dir", str(tmp_path / "method")])
+    assert asked == [("forward", False)] * 3
+    asked.clear()
+    train.main(small + ["--output-dir", str(tmp_path / "recorded"), "--record-log-mu"])
+    assert asked == [("recorded", True)] * 3
+    runs = [[json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+            for name in ("method", "recorded")]
+    keys = ("gen_tokens", "reward", "completion_len", "loss", "is_ratio_mean", "entropy",
+            "eval_accuracy")
+    for a, b in zip(*runs):
+        assert {k: a[k] for k in keys if k in a} == pytest.approx(
+            {k: b[k] for k in keys if k in b}, rel=1e-4, abs=1e-6)
+    assert len(runs[0]) == len(runs[1]) == 3 + 2                       # 3 rounds, 2 evals
+
+
 def test_docs_metrics_table_names_every_logged_field(tmp_path, tiny_path):
     """docs/metrics.md lists every field a run logs (a new metric without a line there fails)."""
     import os
