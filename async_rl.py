@@ -29,13 +29,16 @@ for every S rollouts stored (S > 0). Two things differ, because the workers samp
 trainer steps. Every round that arrives is stored whole, and the count of stored rollouts carries
 over (the synchronous loop stores just the S it needs and drops the rest of the round). And a
 stored rollout may be of an older policy than the trainer's. --learning-starts is the synchronous
-loop's only. Four flags are this loop's own:
-  --step-when-held, the paper's trainer: a step whenever the buffer holds B, K and S aside, so
-    that the two speeds set the replay ratio (measured, not chosen), up to --max-uses U (default
-    4: a rollout used U times leaves, so that a pause of generation cannot turn into unbounded
-    reuse; 0 is the paper's uncapped form); --max-lag goes with it;
-  --lockstep orders each round only once the weights of every step before it are published: each
-    rollout is then trained on at age 0 with rho = 1, as in the synchronous loop (a check of
+loop's only. The flags of this loop alone:
+  --generators n, --generator-devices, --sync-every, --worker-timeout: the workers, their devices,
+    how often the trainer publishes its weights, how long a silent worker may take;
+  --step-when-held: the paper's trainer, a step whenever the buffer holds B, K and S aside, so
+    that the two speeds set the replay ratio (measured, not chosen);
+  --max-uses U (with --step-when-held; default 4): a rollout used U times leaves, so that a pause
+    of generation cannot turn into unbounded reuse; 0 is the paper's uncapped form;
+  --max-lag (with --step-when-held): a worker whose weights are further behind waits;
+  --lockstep: each round ordered only once the weights of every step before it are published,
+    so each rollout is trained on at age 0 with rho = 1, as in the synchronous loop (a check of
     exactness, not a way to train).
 What the rules below read of ``workers`` (infra/workers.py's Generators): ``outstanding``, the
 rounds ordered and not yet arrived; ``delivered``, whether any round has arrived; ``published``,
@@ -103,7 +106,7 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     if not cfg.max_new_tokens > 0:
         raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
-    recorded = cfg.record_log_mu or link.fast is not None      # train.sample_round's way
+    recorded = cfg.record_log_mu or link.fast is not None      # train.generate_round's way
     while (prompts := link.next_order()) is not None:       # waits until the trainer orders
         version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, figures = rollout.generate_rollouts(

@@ -5,8 +5,9 @@ this order:
   - ``Rollout``: what travels from generation to the loss.
   - ``ReplayBuffer``: the paper's buffer. It adds with FIFO eviction, samples, and counts uses.
   - ``collate``: it pads a sampled batch for the forward.
-Below them, each after a marker line, come ``ReplayBufferWithVariants`` (the paper's variants, off
-by default) and the buffer's checkpoint form (``buffer_state``, ``load_buffer_state``).
+Below them, each after a marker line, come ``ReplayBufferWithVariants`` (variants, each off by
+default: the paper's positive-bias retention, and this project's age limit, use limit and
+zero-advantage filter) and the buffer's checkpoint form (``buffer_state``, ``load_buffer_state``).
 
 A policy's version is the number of optimizer steps it has taken. Each rollout keeps the version
 of the policy that generated it (``policy_version``). Its age is the current version minus its

@@ -14,9 +14,9 @@ The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.
   2. Reward each completion (r), and normalize the rewards within each group of G:
      A = (r - mean r) / (std r + 1e-4).
   3. Add the R = P x G rollouts to a FIFO buffer of capacity N. The oldest leave first.
-  4. Take K optimizer steps, each on B rollouts drawn uniformly from the buffer. They are distinct
-     within a batch and are not removed. So each rollout is used about y = K*B/R times (the replay
-     ratio).
+  4. Once the buffer holds B, take K optimizer steps, each on B rollouts drawn uniformly from it.
+     They are distinct within a batch and are not removed. So each rollout is used about
+     y = K*B/R times (the replay ratio).
 By the time a rollout is replayed, pi_theta has moved away from mu. Truncated importance weights
 correct for this, per completion token. The weight is held constant (no gradient through it):
     rho_t = pi_theta(o_t) / mu(o_t),   w_t = min(rho_t, C),
@@ -94,7 +94,6 @@ class Rollout:
     reward: float
     advantage: float                # A, fixed when sampled and never recomputed on replay
     policy_version: int             # optimizer steps taken before sampling, NaN/inf skips included
-    baseline: float                 # V, the group's mean reward: train.py's asymre loss reads it
     temperature: float              # the T it was sampled at. The loss must score it at the same T
     uses: int = 0                   # training batches it has been in
 
@@ -200,12 +199,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     if not torch.isfinite(rewards).all():       # a NaN A would poison every step drawing it
         raise ValueError("reward_fn returned a reward that is not finite")
     advantages = group_advantages(rewards, torch.arange(len(texts)) // G)   # i answers i // G
-    baselines = rewards.view(-1, G).mean(1)
     rollouts = [Rollout(prompt_ids=enc.input_ids[i][enc.attention_mask[i].bool()],
                         completion_ids=completions[i, :length[i]],
                         behaviour_logp=behaviour_logp[i, :length[i]], reward=rewards[i].item(),
                         advantage=advantages[i].item(), policy_version=policy_version,
-                        baseline=baselines[i // G].item(), temperature=temperature)
+                        temperature=temperature)
                 for i in range(len(texts))]
     return rollouts, {"reward": rewards.mean().item()}
 

@@ -5,8 +5,9 @@ Read in this order:
   - group_advantages: A within each group (the G completions of one prompt).
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
   - sample_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
-  - forward_log_mu: log mu as minimal.py takes it, a no-grad forward after generate. Until the
-    next step the model is mu, so this is completion_logp, the function the loss calls.
+  - forward_log_mu: log mu by a no-grad forward after generate, as minimal.py takes it. Until the
+    next step the model is mu, so it calls completion_logp, the function the loss calls, on
+    collate's columns (minimal.py writes that forward out; the values are the same).
   - completion_lengths and end_token_ids: two small helpers of the above.
 The method ends there. Below it, each after a marker line:
   - engineering: sample_recorded (log_mu="recorded", which train.py asks for) samples as

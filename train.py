@@ -74,11 +74,6 @@ class Run:
             self.model.eval()
 
 
-def parse_config(argv=None) -> Config:
-    """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint)."""
-    return cli.parse(Config, argv, __doc__)[0]
-
-
 def main(argv=None) -> dict:
     """python train.py [flags]. stopping.main (infra/stopping.py) is the frame around the loop. It
     parses the flags into a Config, checked before anything loads; 0 for --max-rounds becomes the
@@ -126,7 +121,7 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
             with stop.round(run):           # a stop in it: saved as it began, done again on resume
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
-                rollouts, figures = sample_round(run, prompts)  # G each: log mu, r, A
+                rollouts, figures = generate_round(run, prompts)    # G each: log mu, r, A
                 add_to_buffer(run, rollouts, figures, b_here, s_here)   # FIFO, N; S: see its doc
                 if holds(run, b_here, s_here):              # B held (with S: S more stored)
                     for k in range(K):
@@ -173,7 +168,7 @@ def draw_prompts(run: Run) -> list[str]:
     return distributed.share(run.rng.sample(run.task.train_prompts, run.cfg.prompts_per_round))
 
 
-def sample_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
+def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
     """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts),
     in eval mode (no dropout), timed."""
     cfg, state = run.cfg, run.state
@@ -345,6 +340,12 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
 
 
 # ---- the configuration: one field per flag (cli.py turns it into the command line) ----------
+def parse_config(argv=None) -> Config:
+    """Flags -> Config, checked before anything is loaded (cli.py; --resume: on the checkpoint).
+    For the tests and benchmarks; main's frame (stopping.main) parses with cli.parse itself."""
+    return cli.parse(Config, argv, __doc__)[0]
+
+
 def opt(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
@@ -374,7 +375,7 @@ class Config:
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
     prompts_per_round: int = opt(16, "P: prompts sampled per round (16 x 8 = 128 new rollouts for "
-        "B = N = 256: the paper's replay, each rollout used twice; 32: on-policy)")
+        "B = N = 256: replay, each rollout used twice; 32: on-policy)")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")
     temperature: float = opt(1.0, "sampling temperature (the loss uses the same scaling)")

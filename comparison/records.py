@@ -144,10 +144,14 @@ def flags_differ(a: list[str], b: list[str]) -> dict:
 def plain_flags(args) -> list[str]:
     """train.py's own defaults for what a model's defaults (cli.MODEL_DEFAULTS: smollm2 samples at
     temperature 0.7 and stores only groups of mixed rewards) would change and compare.py does not set:
-    an arm is its flags, whatever the model. They come first: an arm's flags and --train-args win."""
+    an arm is its flags, whatever the model. They come first: an arm's flags and --train-args win.
+    --record-log-mu is not among them: it changes how log mu is taken, not its values (smollm2's
+    runs record it, as its committed records were made)."""
     own = train_flags(own_flags(args, "on_policy", 0, args.lr, "run"))
     flags = []
-    for name in sorted(cli.MODEL_DEFAULTS.get(args.model, {}).keys() - own.keys() - NOT_PASSED.keys()):
+    kept = {"record_log_mu"}    # engineering, the same samples and log mu: the model's stays
+    for name in sorted(cli.MODEL_DEFAULTS.get(args.model, {}).keys() - own.keys() - NOT_PASSED.keys()
+                       - kept):
         default, flag = getattr(train.Config, name), "--" + name.replace("_", "-")
         flags += ([flag] if default else ["--no-" + flag[2:]]) if isinstance(default, bool) else [flag, str(default)]
     return flags
