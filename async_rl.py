@@ -112,8 +112,8 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
         rollouts, figures = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            policy_version=version, fast=link.fast,
-            log_mu="recorded" if recorded else "forward", shared_prefill=recorded)  # as train.py
+            policy_version=version,                                             # as train.py
+            sampler=rollout.recording_sampler(fast=link.fast) if recorded else None)
         link.push(rollouts, figures)
 
 

@@ -143,7 +143,8 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
     its first end token, or one that ends with pad_id twice (a padded row that has no end token);
     and a behaviour_logp that is not one log mu per completion token. They cannot see prompts padded
     with another id (eos where the tokenizer pads with <pad>): they pass, and the pads are read as
-    prompt tokens. Pass the pad id the prompts were padded with.
+    prompt tokens. Pass the pad id the prompts were padded with. Nor a completion stored without
+    its EOS: it looks like one cut at max_new_tokens, and the EOS is never trained on.
     So store each rollout trimmed: the prompt's own tokens, and the completion up to and
     including its first end token.
     """

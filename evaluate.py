@@ -196,7 +196,7 @@ def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, tem
         rollouts, _ = rollout.generate_rollouts(model, tokenizer, chunk, reward, num_generations=n,
                                                 max_new_tokens=max_new_tokens,
                                                 temperature=temperature, policy_version=0,
-                                                log_mu="recorded", shared_prefill=True)
+                                                sampler=rollout.recording_sampler())
         rewards += [[r.reward for r in rollouts[i * n:(i + 1) * n]] for i in range(len(chunk))]
     return rewards
 

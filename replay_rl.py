@@ -107,10 +107,12 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
     token_mean weighs every token alike, not every micro-batch. Pass each micro-batch
     num_items_in_batch, the whole batch's tokens (token_mean) or rollouts (sequence_mean), and sum
     the losses."""
-    if is_cap < 1 or not 0 < epsilon < 1 or beta < 0 or (beta > 0 and ref_logp is None):
-        raise ValueError(f"is_cap {is_cap} (>= 1: a cap below 1 cuts fresh tokens too), "
-                         f"epsilon {epsilon} (in (0, 1)), beta {beta} (>= 0; > 0 needs ref_logp): "
-                         "one is out of range")
+    if is_cap < 1:
+        raise ValueError(f"is_cap {is_cap}: C must be >= 1 (a cap below 1 cuts fresh tokens too)")
+    if not 0 < epsilon < 1:
+        raise ValueError(f"epsilon {epsilon}: ppo's clip range must be in (0, 1)")
+    if beta < 0 or (beta > 0 and ref_logp is None):
+        raise ValueError(f"beta {beta}: must be >= 0, and > 0 needs ref_logp")
     if behaviour_logp.shape != logp.shape or mask.shape != logp.shape:    # else they broadcast
         raise ValueError(f"logp {list(logp.shape)}, behaviour_logp {list(behaviour_logp.shape)} "
                          f"and mask {list(mask.shape)} must be one [batch, max_len] each: log mu "

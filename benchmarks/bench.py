@@ -47,7 +47,7 @@ from infra.policy import load_policy  # noqa: E402
 from infra.engineered_update import update_step_engineered  # noqa: E402
 from infra.report import quiet_libraries  # noqa: E402
 from infra.fast_decoding import FastDecoding  # noqa: E402
-from rollout import end_token_ids, generate_rollouts  # noqa: E402
+from rollout import end_token_ids, generate_rollouts, recording_sampler  # noqa: E402
 from train import Config  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -136,8 +136,8 @@ def main(argv=None) -> dict:
     G, pad_id, eos_id = args.num_generations, tokenizer.pad_token_id, tokenizer.eos_token_id
     eos_ids = end_token_ids(model, tokenizer)[0]        # the ids that end a completion (collate's)
     # The loop's own settings (train.py's defaults), shared by every call below.
-    sampling = dict(num_generations=G, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
-                    log_mu="recorded", shared_prefill=True)         # as train.py samples
+    sampling = dict(num_generations=G, max_new_tokens=max_new_tokens, temperature=cfg.temperature)
+    # as train.py --record-log-mu samples (log mu recorded, each prompt prefilled once)
     step = dict(pad_id=pad_id, eos_ids=eos_ids, loss_type=cfg.loss, is_cap=cfg.is_cap, epsilon=cfg.epsilon,
                 normalization=cfg.normalization, temperature=cfg.temperature,
                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm)
@@ -152,7 +152,8 @@ def main(argv=None) -> dict:
 
     def rollout():
         torch.manual_seed(args.seed)
-        return generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=0, **sampling)
+        return generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=0,
+                                 sampler=recording_sampler(), **sampling)
 
     def bare_generate():
         torch.manual_seed(args.seed)
@@ -171,7 +172,8 @@ def main(argv=None) -> dict:
 
     def fast_rollout():
         torch.manual_seed(args.seed)
-        return generate_rollouts(model, tokenizer, prompts, task.reward, fast=fast, policy_version=0, **sampling)
+        return generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=0,
+                                 sampler=recording_sampler(fast=fast), **sampling)
 
     fast_first_s, (fast_rollouts, _) = timed(fast_rollout)         # compiles (on CUDA): minutes at worst
     fast_same = statistics.mean(float(torch.equal(a.completion_ids, b.completion_ids))
@@ -187,7 +189,7 @@ def main(argv=None) -> dict:
     buffer.add(rollouts)
     while len(buffer) < args.batch_size:        # more rounds until the buffer can give a batch
         buffer.add(generate_rollouts(model, tokenizer, rng.sample(task.train_prompts, args.prompts), task.reward,
-                                     policy_version=0, **sampling)[0])
+                                     policy_version=0, sampler=recording_sampler(), **sampling)[0])
     model.train()
     batch = buffer.sample(args.batch_size)
     cols = collate(batch, pad_id, device=device, eos_ids=eos_ids)
@@ -209,7 +211,9 @@ def main(argv=None) -> dict:
         model.eval()
         t_gen, (rollouts, stats) = timed(
             lambda: generate_rollouts(model, tokenizer, prompts, task.reward, policy_version=i,
-                                      fast=fast if args.fast_generation else None, **sampling))
+                                      sampler=recording_sampler(
+                                          fast=fast if args.fast_generation else None),
+                                      **sampling))
         model.train()
         t_add, _ = timed(lambda: buffer.add(rollouts))
         t_sample, batch = timed(lambda: buffer.sample(args.batch_size))

@@ -35,7 +35,7 @@ from buffer import collate                              # noqa: E402
 from infra import pretrained, runfolder                # noqa: E402
 from infra.policy import load_policy                    # noqa: E402
 from replay_rl import completion_logp, update_step      # noqa: E402
-from rollout import end_token_ids, generate_rollouts    # noqa: E402
+from rollout import end_token_ids, generate_rollouts, recording_sampler    # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48
@@ -58,7 +58,7 @@ def one_round(model, tokenizer, task, round_: int, optimizer) -> dict:
     rollouts, _ = generate_rollouts(model, tokenizer, prompts,
                                     lambda p, c: task.reward(questions[p], c),
                                     num_generations=G, max_new_tokens=NEW_TOKENS, temperature=T,
-                                    policy_version=0, log_mu="recorded", shared_prefill=True)
+                                    policy_version=0, sampler=recording_sampler())
     generation = time.perf_counter() - start
     eos_ids, pad_id = end_token_ids(model, tokenizer)
     cols = collate(rollouts, pad_id, 0, eos_ids=eos_ids)

@@ -164,7 +164,7 @@ def smollm2_rollouts(seed: int = 0):
     rollouts, _ = rollout.generate_rollouts(
         model, tokenizer, prompts, task.reward, num_generations=w["generations"],
         max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature, policy_version=0,
-        log_mu="recorded")
+        sampler=rollout.recording_sampler(shared_prefill=False))
     model.train()
     return model, tokenizer, rollouts, cfg
 

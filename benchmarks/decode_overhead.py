@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 import tasks                                    # noqa: E402
 from infra import pretrained, runfolder        # noqa: E402
 from infra.policy import load_policy            # noqa: E402
-from rollout import generate_rollouts           # noqa: E402
+from rollout import generate_rollouts, recording_sampler      # noqa: E402
 
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm",
@@ -66,8 +66,8 @@ def main(argv=None) -> dict:
             torch.manual_seed(round_)
             return generate_rollouts(model, tokenizer, prompts, lambda q, c: 0.0,
                                      num_generations=G, max_new_tokens=NEW_TOKENS,
-                                     temperature=T, policy_version=0, log_mu="recorded",
-                                     shared_prefill=True)[1]
+                                     temperature=T, policy_version=0,
+                                     sampler=recording_sampler())[1]
         # the round's seconds without the profiler (it adds its own per-op cost), then the same
         # round (same seed, same tokens) under it for the split
         cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -173,7 +173,7 @@ def one_round(model, tokenizer, task, cfg, prompts, reward, G, shared: bool, see
     rollouts, stats = rollout.generate_rollouts(
         model, tokenizer, prompts, reward, num_generations=G,
         max_new_tokens=cfg.max_new_tokens or task.max_new_tokens, temperature=cfg.temperature,
-        policy_version=0, log_mu="recorded", shared_prefill=shared)
+        policy_version=0, sampler=rollout.recording_sampler(shared_prefill=shared))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"s": wall, "cpu_s": cpu, "rollouts_per_s": len(rollouts) / wall, **phases.split(wall),
             "new_tokens": stats["new_tokens"],
@@ -293,8 +293,8 @@ def trl_part(steps: int, pairs: int,
     env = chunked_logp.ALLOCATORS["default_allocator"]
     found = {arm: [] for arm in arms}
     plain_patch = ("import rollout; plain = rollout.generate_rollouts; "
-                   "rollout.generate_rollouts = lambda *a, **k: plain(*a, **{**k, "
-                   "'shared_prefill': False}); ")
+                   "rollout.generate_rollouts = lambda *a, **k: plain(*a, **{**k, 'sampler': "
+                   "rollout.recording_sampler(shared_prefill=False)}); ")     # smollm2 records
     with tempfile.TemporaryDirectory() as folder:
         for i in range(pairs):
             order = list(found) if i % 2 == 0 else list(reversed(found))

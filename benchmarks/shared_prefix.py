@@ -130,7 +130,8 @@ def batch_of(name: str, model, tokenizer, task, cfg, seed: int = 0) -> list:
         rollouts, _ = rollout.generate_rollouts(
             model, tokenizer, prompts, task.reward, num_generations=setting["generations"],
             max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
-            temperature=cfg.temperature, policy_version=0, log_mu="recorded")
+            temperature=cfg.temperature, policy_version=0,
+            sampler=rollout.recording_sampler(shared_prefill=False))
     # advantages of both signs: a gradient whatever the rewards were
     rollouts = [dataclasses.replace(r, advantage=(i % 3) - 1.0) for i, r in enumerate(rollouts)]
     if setting["drawn"]:

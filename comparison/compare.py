@@ -7,7 +7,7 @@
 
 Arms (B = batch size, y = replay ratio, G = num_generations; every arm K = 1 update per round):
     on_policy   R = B fresh rollouts per update, N = B: each rollout used once, right away
-    replay      the paper's form: R = B/y fresh rollouts per update, N = B, same B and lr:
+    replay      replay in rounds: R = B/y fresh rollouts per update, N = B, same B and lr:
                 each update mixes the newest R rollouts with y-1 older rounds; each rollout used y times
     control     on-policy with R = B = N = B/y: as many updates per generated token as replay,
                 with no reuse; it separates "reuse" from "more, smaller updates"

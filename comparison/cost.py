@@ -166,8 +166,8 @@ def main(argv=None) -> dict:
             rng.choices(task.train_prompts, k=R // G)
         rollouts, stats = rollout.generate_rollouts(
             model, tokenizer, prompts, task.reward, num_generations=G, max_new_tokens=max_new,
-            temperature=cfg.temperature, fast=fast if mode == "fast" else None, policy_version=0,
-            log_mu="recorded", shared_prefill=True)
+            temperature=cfg.temperature, policy_version=0,
+            sampler=rollout.recording_sampler(fast=fast if mode == "fast" else None))
         if len(rollouts) >= len(pool):
             pool[:] = rollouts
         return stats["new_tokens"] / R

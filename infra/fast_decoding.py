@@ -1,6 +1,6 @@
 """Faster ``generate`` on a GPU for a whole run (``--fast-generation``): engineering, not the method.
 
-Pass a FastDecoding as ``fast=`` to rollout.generate_rollouts; it samples the same tokens. With the
+Pass a FastDecoding as ``fast=`` to rollout.recording_sampler; it samples the same tokens. With the
 shared prefill (rollout.prefill_once, the default) its static cache takes the prompts' rows, each
 repeated G times, and the compiled decode steps run from there; the prefill stays eager either way.
 """

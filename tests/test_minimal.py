@@ -86,7 +86,7 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
     recorded, _ = rollout.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:4],
                                             addition.reward, num_generations=4,
                                             max_new_tokens=minimal.MAX_NEW_TOKENS,
-                                            policy_version=0, log_mu="recorded")
+                                            policy_version=0, sampler=rollout.recording_sampler())
     batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
                                              r.reward, r.advantage, 0, r.temperature)
                              for r in recorded],

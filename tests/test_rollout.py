@@ -8,7 +8,7 @@ import torch
 from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
-from rollout import end_token_ids, generate_rollouts, group_advantages
+from rollout import end_token_ids, generate_rollouts, group_advantages, recording_sampler
 
 
 def test_group_advantages_by_hand():
@@ -68,8 +68,9 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
 
 @pytest.mark.parametrize("shared_prefill", [False, True])
 def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, addition, shared_prefill):
-    """generate_rollouts(log_mu="forward"), minimal.py's way, samples the same completions (same
-    seed) and gives the recorder's log mu and entropy; an unknown way is refused."""
+    """generate_rollouts' method (no sampler: sample_completions, then forward_log_mu), minimal.py's
+    way, samples the same completions (same seed) and gives the recorder's log mu and entropy
+    (recording_sampler, with or without the shared prefill)."""
     model, tokenizer = policy
     prompts = ["1+2=", "45+67=", "9+99=", "80+0="]
     runs = {}
@@ -77,7 +78,8 @@ def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, additio
         torch.manual_seed(3)
         runs[way] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                                       max_new_tokens=5, temperature=0.7, policy_version=0,
-                                      log_mu=way, shared_prefill=shared_prefill and way == "recorded")
+                                      sampler=(recording_sampler(shared_prefill=shared_prefill)
+                                               if way == "recorded" else None))
     (recorded, rec_stats), (forward, fwd_stats) = runs["recorded"], runs["forward"]
     assert sum(len(r.completion_ids) for r in recorded) > len(recorded)     # multi-token
     for a, b in zip(recorded, forward):
@@ -86,12 +88,6 @@ def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, additio
         assert (a.behaviour_logp - b.behaviour_logp).abs().max() < 1e-5
     assert (recorded[0].behaviour_logp != 0).any()                          # not the stand-ins' zeros
     assert fwd_stats["rollout_entropy"] == pytest.approx(rec_stats["rollout_entropy"], abs=1e-5)
-    with pytest.raises(ValueError, match="log_mu 'after'"):
-        generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
-                          max_new_tokens=5, policy_version=0, log_mu="after")
-    with pytest.raises(ValueError, match="switches of log_mu='recorded'"):
-        generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
-                          max_new_tokens=5, policy_version=0, shared_prefill=True)
 
 
 def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
@@ -175,8 +171,8 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
             torch.manual_seed(10 + round_)
             # plain generate (G copies of each prompt) against the fast path on the shared prefill
             pair.append(generate_rollouts(model, tokenizer, batch, lambda p, c: float(len(c)), num_generations=4,
-                                          max_new_tokens=5, temperature=1.5, fast=f, policy_version=0,
-                                          log_mu="recorded", shared_prefill=f is not None)[0])
+                                          max_new_tokens=5, temperature=1.5, policy_version=0,
+                                          sampler=recording_sampler(fast=f, shared_prefill=f is not None))[0])
         caches.append(fast.caches[len(batch) * 4])
         plain, quick = pair
         assert [r.completion_ids.tolist() for r in plain] == [r.completion_ids.tolist() for r in quick]
@@ -251,7 +247,7 @@ def test_each_prompt_is_prefilled_once_and_samples_what_plain_generate_samples(p
         torch.manual_seed(4)
         found[shared] = generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
                                           max_new_tokens=5, temperature=1.3, policy_version=0,
-                                          log_mu="recorded", shared_prefill=shared)[0]
+                                          sampler=recording_sampler(shared_prefill=shared))[0]
         hook.remove()
         steps = max(len(r.completion_ids) for r in found[shared])
         # plain: 16 rows x 6 columns at once; shared: the prefix, the rests but their last column,
@@ -280,7 +276,7 @@ def test_one_prompt_is_prefilled_once_for_its_group_and_pad_may_be_eos(policy, a
         torch.manual_seed(5)
         found[shared] = generate_rollouts(model, tokenizer, ["45+67="], addition.reward, num_generations=8,
                                           max_new_tokens=4, temperature=1.5, policy_version=0,
-                                          log_mu="recorded", shared_prefill=shared)[0]
+                                          sampler=recording_sampler(shared_prefill=shared))[0]
         hook.remove()
         assert shapes[:2] == ([(8, 6), (8, 1)] if not shared else [(1, 5), (8, 1)])
     assert [r.completion_ids.tolist() for r in found[False]] == [r.completion_ids.tolist() for r in found[True]]

@@ -18,7 +18,7 @@ from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
-from rollout import end_token_ids, generate_rollouts
+from rollout import end_token_ids, generate_rollouts, recording_sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IM_END = "<|im_end|>"
@@ -109,8 +109,8 @@ def test_each_prompt_prefilled_once_on_the_chat_template_is_as_exact_as_plain_ge
         torch.manual_seed(1)
         found[shared], _ = generate_rollouts(model, tokenizer, prompts, lambda p, c: float(len(c) % 3),
                                              num_generations=2,
-                                             max_new_tokens=24, policy_version=0, log_mu="recorded",
-                                             shared_prefill=shared)
+                                             max_new_tokens=24, policy_version=0,
+                                             sampler=recording_sampler(shared_prefill=shared))
         if shared:
             assert shapes[0][0] == 1 and shapes[0][1] >= system         # the system prompt, once
         else:

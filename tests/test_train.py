@@ -194,21 +194,22 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
 
 def test_record_log_mu_samples_by_the_recorder_and_trains_on_the_same_samples(tmp_path, tiny_path,
                                                                               monkeypatch):
-    """By default train.py samples by the method's path (log_mu="forward": sample_completions, then
+    """By default train.py samples by the method's path (no sampler: sample_completions, then
     forward_log_mu); --record-log-mu by rollout.sample_recorded (the recorder, each prompt
     prefilled once). Under one seed both train on the same samples: the same metrics."""
     import rollout
     asked, plain = [], rollout.generate_rollouts
+    way = lambda s: s and (s.func.__name__, s.keywords["shared_prefill"])
     monkeypatch.setattr(rollout, "generate_rollouts", lambda *a, **k: (
-        asked.append((k["log_mu"], k["shared_prefill"])), plain(*a, **k))[1])
+        asked.append(way(k["sampler"])), plain(*a, **k))[1])
     small = ["--max-rounds", "3", "--prompts-per-round", "4", "--num-generations", "4",
              "--buffer-size", "32", "--batch-size", "16", "--eval-prompts", "20", "--seed", "3",
              "--no-plot"]
     train.main(small + ["--output-dir", str(tmp_path / "method")])
-    assert asked == [("forward", False)] * 3
+    assert asked == [None] * 3
     asked.clear()
     train.main(small + ["--output-dir", str(tmp_path / "recorded"), "--record-log-mu"])
-    assert asked == [("recorded", True)] * 3
+    assert asked == [("sample_recorded", True)] * 3
     runs = [[json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
             for name in ("method", "recorded")]
     keys = ("gen_tokens", "reward", "completion_len", "loss", "is_ratio_mean", "entropy",

@@ -269,10 +269,10 @@ def test_issue61_trap5_sampling_with_active_dropout_is_refused(policy, addition)
     attention = next(m for m in model.modules() if hasattr(m, "attention_dropout"))
     attention.attention_dropout = 0.3
     model.train()
-    for log_mu in ("recorded", "forward"):          # with the recorder, and without it
+    for sampler in (rollout.recording_sampler(), None):     # with the recorder, and without it
         with pytest.raises(ValueError, match="training mode with active dropout .*: 0.3"):
             generate_rollouts(model, tokenizer, ["12+34="], addition.reward, num_generations=2,
-                              max_new_tokens=3, temperature=1.0, policy_version=0, log_mu=log_mu)
+                              max_new_tokens=3, temperature=1.0, policy_version=0, sampler=sampler)
     model.eval()
     rollouts, _ = generate_rollouts(model, tokenizer, ["12+34="], addition.reward,
                                     num_generations=2, max_new_tokens=3, temperature=1.0,
