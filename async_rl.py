@@ -204,9 +204,10 @@ def order_rounds(run, workers) -> None:
     while (workers.outstanding < ahead
            and state.round + workers.outstanding < cfg.max_rounds
            and not 0 < cfg.max_gen_tokens <= state.gen_tokens):
-        # idle: nothing on its way and no step possible meanwhile. Waiting for room would then
-        # wait forever, so a round is ordered anyway (its evictions are counted)
-        idle = workers.outstanding == 0 and not (cfg.step_when_held
+        # idle: nothing on its way and no step possible meanwhile (one_step steps only with B
+        # held and once a round has arrived: not on a resumed buffer alone). Waiting for room
+        # would then wait forever, so a round is ordered anyway (its evictions are counted)
+        idle = workers.outstanding == 0 and not (cfg.step_when_held and workers.delivered
                                                  and len(run.buffer) >= cfg.batch_size)
         if not (room_for_a_round(run, workers.outstanding) or idle):
             return

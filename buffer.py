@@ -233,7 +233,10 @@ class ReplayBufferWithVariants(ReplayBuffer):
       skip_zero_advantage     never store rollouts of advantage 0 (their group's rewards were all
                               equal). This is right only for losses that get no gradient from
                               them, so it needs the loss named (loss_type, beta; see
-                              zero_advantage_filter_fits).
+                              zero_advantage_filter_fits). It also makes each step larger: under
+                              token_mean their tokens leave the normalizer, so the same gradient
+                              is divided by fewer tokens, 1 / (1 - the share dropped) times more
+                              (twice, with half the tokens dropped): an effective lr change.
       add(rollouts, limit)    store the first ``limit`` of them (None: all) and drop the rest.
                               It returns how many it stored; train.py reports the rest as
                               dropped. train.py passes a limit with --new-per-update, so that S

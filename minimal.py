@@ -153,7 +153,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     """Sample G = num_generations completions of each prompt from softmax(z_t / T), T =
     temperature. Returns them as Rollouts with log mu and A (reward_fn(prompt, completion) -> r),
     and the round's figures ({"reward": the mean reward}). The model must be in eval mode, with no
-    dropout, so that it samples the function it trains."""
+    dropout, so that it samples the function it trains. Prompts are tokenized as written (no
+    special tokens added): a model whose tokenizer adds a BOS needs it written in each prompt
+    (rollout.generate_rollouts warns when it is missing; this one does not)."""
     G = num_generations
     refuse_training_mode(model)         # the two guards above
     refuse_acting_settings(model)

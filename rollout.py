@@ -91,11 +91,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
         _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
-        token_logp, token_entropy = forward_log_mu(
+        log_mu, mu_entropy = forward_log_mu(
             model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
             pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
     else:                       # engineering: the same samples, log mu recorded while sampling
-        prompt_ids, completions, eos_ids, token_logp, token_entropy = sampler(
+        prompt_ids, completions, eos_ids, log_mu, mu_entropy = sampler(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
     kept = lengths.tolist()                                         # tokens kept of each completion
@@ -115,7 +115,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops). They
     # are made here, outside sample_completions' inference_mode (prompt_ids cloned), so they are
     # ordinary tensors: a caller may modify them or use them in autograd.
-    completion_ids, behaviour_logp = completions[mask].split(kept), token_logp[mask].split(kept)
+    completion_ids, behaviour_logp = completions[mask].split(kept), log_mu[mask].split(kept)
     baselines = rewards.view(-1, G).mean(1).tolist()
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G].clone(), completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
@@ -125,7 +125,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     figures = {"completions": texts, "reward": rewards.mean().item(),
              "new_tokens": int(lengths.sum()),
              "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
-             "rollout_entropy": torch.where(mask, token_entropy, 0.0).sum().item()        # mu's
+             "rollout_entropy": torch.where(mask, mu_entropy, 0.0).sum().item()        # mu's
                                 / mask.sum().item(),
              # metrics.jsonl's keys: the mean length, and the part cut at max_new_tokens (not at C)
              "completion_len": lengths.float().mean().item(),
@@ -230,7 +230,7 @@ def recording_sampler(fast=None, shared_prefill: bool = True):
 
 @torch.inference_mode()
 def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                    temperature: float, fast=None, shared_prefill: bool = False):
+                    temperature: float, fast=None, shared_prefill: bool = True):
     """sample_completions' samples, and log mu and mu's entropy of each token, [P * G, max_len]
     each, recorded while generate samples (BehaviourLogProbs), with no forward after. Returns
     sample_completions' three and those two. Engineering that gives the same samples faster:
@@ -258,10 +258,10 @@ def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tok
                                generation_config=gen_config,
                                logits_processor=LogitsProcessorList([recorder]), **extra)
     completions = sequences[:, input_ids.shape[1]:]                  # [P * G, max_len]
-    token_logp, token_entropy = recorder.finish(completions)
+    log_mu, mu_entropy = recorder.finish(completions)
     # what follows is per-rollout bookkeeping on small tensors: one copy to the CPU now, since
     # per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device
-    return prompt_ids, completions.cpu(), eos_ids, token_logp.cpu(), token_entropy.cpu()
+    return prompt_ids, completions.cpu(), eos_ids, log_mu.cpu(), mu_entropy.cpu()
 
 
 class BehaviourLogProbs(LogitsProcessor):
@@ -303,8 +303,8 @@ class BehaviourLogProbs(LogitsProcessor):
         # (sample_recorded always sets it); if unset, the model's own generation_config's; else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)
-        self.prev_logp: torch.Tensor | None = None  # the last call's log softmax(z / T)
-        self.token_logp: list[torch.Tensor] = []    # log mu of each token so far, each [batch]
+        self.prev_log_mu: torch.Tensor | None = None  # the last call's log softmax(z / T)
+        self.log_mu: list[torch.Tensor] = []    # log mu of each token so far, each [batch]
         self.tokens: list[torch.Tensor] = []        # those tokens, each [batch]
         self.mu_entropy: list[torch.Tensor] = []    # mu's entropy there, each [batch]
         self.finished = False
@@ -313,32 +313,32 @@ class BehaviourLogProbs(LogitsProcessor):
         if self.finished:
             raise RuntimeError("this BehaviourLogProbs has finished: make a new one for each "
                                "generate call")
-        if self.prev_logp is None:                  # the first call: the guard (below)
+        if self.prev_log_mu is None:                  # the first call: the guard (below)
             check_caller(self, input_ids.shape[1])
         self._gather_prev(input_ids[:, -1])         # log mu of the token the last call drew
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.mu_entropy.append(-(logp.exp() * logp).sum(-1))
-        self.prev_logp = logp
+        log_mu_all = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # every token's
+        self.mu_entropy.append(-(log_mu_all.exp() * log_mu_all).sum(-1))
+        self.prev_log_mu = log_mu_all
         return scores                               # the distribution itself is left alone
 
     def _gather_prev(self, tokens: torch.Tensor) -> None:
-        if self.prev_logp is not None:
-            self.token_logp.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
+        if self.prev_log_mu is not None:
+            self.log_mu.append(self.prev_log_mu.gather(-1, tokens[:, None]).squeeze(-1))
             self.tokens.append(tokens)
 
     def finish(self, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token_logp, entropy), each [batch, max_len], for ``completions`` [batch, max_len]
+        """(log_mu, entropy), each [batch, max_len], for ``completions`` [batch, max_len]
         (max_len: the tokens generate ran for, the longest completion). Refuses completions whose
         tokens are not those gathered call by call (beam search reorders rows between calls)."""
         max_len = completions.shape[1]
-        if len(self.token_logp) < max_len:
+        if len(self.log_mu) < max_len:
             self._gather_prev(completions[:, -1])
         self.finished = True
         if not torch.equal(torch.stack(self.tokens[:max_len], 1), completions):
             raise ValueError("the completions are not the tokens whose log mu was recorded: "
                              "generate reordered its rows (beam search, num_beams > 1?); "
                              "BehaviourLogProbs records sampling only (num_beams=1)")
-        return (torch.stack(self.token_logp[:max_len], 1),
+        return (torch.stack(self.log_mu[:max_len], 1),
                 torch.stack(self.mu_entropy[:max_len], 1))
 
 

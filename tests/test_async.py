@@ -6,6 +6,7 @@ one line naming it; a Ctrl-C to the whole process group saves; --resume continue
 the run is left alive, whatever ends it."""
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -514,3 +515,33 @@ def test_a_worker_killed_holding_the_weights_lock_ends_publish_in_one_line_not_a
     assert not t.is_alive(), "publish hung on the dead worker's lock"
     assert raised == [f"generation worker 0 (pid {dead.pid}) killed by SIGKILL"]
     assert gens.version.value == -1                     # nothing published
+
+
+def test_a_resumed_full_buffer_of_unused_rollouts_still_orders_a_round():
+    """A resume with --step-when-held whose buffer holds B or more, some unused: no step may be
+    taken until a round has arrived (one_step waits for delivered), and the room rule forbade an
+    order (it would evict unused ones). The trainer waited for a round never ordered (a CI run hung
+    on test_async_faults' resume test). With nothing on its way and no step possible, it orders."""
+    from types import SimpleNamespace
+    from buffer import ReplayBufferWithVariants, Rollout
+    import torch
+
+    cfg = SimpleNamespace(generators=1, batch_size=16, buffer_size=32, rollouts_per_round=16,
+                          max_rounds=10, max_gen_tokens=0, step_when_held=True, lockstep=False,
+                          prompts_per_round=2)
+    buffer = ReplayBufferWithVariants(32)
+    buffer.add([Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0, 0.5, 0,
+                        baseline=0.5, temperature=1.0) for _ in range(32)])   # none used yet
+    ordered = []
+    workers = SimpleNamespace(outstanding=0, delivered=False, published=0,
+                              trainer_at=lambda step: None,
+                              order=lambda prompts: (ordered.append(prompts),
+                                                     setattr(workers, "outstanding", 1)))
+    run = SimpleNamespace(cfg=cfg, state=train.LoopState(), buffer=buffer,
+                          rng=random.Random(0), task=SimpleNamespace(train_prompts=["1+1="] * 4))
+    assert not async_rl.room_for_a_round(run, outstanding=0)      # it would evict unused ones
+    async_rl.order_rounds(run, workers)
+    assert len(ordered) == 1                                       # ordered anyway: none arrived
+    workers.outstanding, workers.delivered, ordered[:] = 0, True, []
+    async_rl.order_rounds(run, workers)
+    assert ordered == []            # once a round has arrived, the trainer steps on what it holds
