@@ -1,6 +1,6 @@
 """RL post-training with experience replay: the whole method in one file, read top to bottom.
 
-    python minimal.py        # the demo model learns to carry in 2-digit sums (about 21 s, CPU)
+    python minimal.py        # the demo model learns to carry in 2-digit sums (about 25 s, CPU)
 
 It imports torch, transformers, peft and the standard library, and nothing of this repository. The
 demo model is a 0.53M-parameter Llama with a character tokenizer. It is loaded with
