@@ -181,8 +181,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     # A completion keeps its tokens up to and including its first end token, or all of them if it
     # has none. After the EOS, generate pads with the pad id, which may equal EOS. So the mask is by
     # position, not by id.
-    is_eos = torch.isin(completions, torch.tensor(eos))
-    length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completions.shape[1])
+    at_end = torch.isin(completions, torch.tensor(eos))                   # bool [P*G, max_len]
+    length = torch.where(at_end.any(1), at_end.int().argmax(1) + 1, completions.shape[1])
     mask = torch.arange(completions.shape[1])[None, :] < length[:, None]      # [P*G, max_len]
     # log mu(o_t) = log softmax(z_t / T)[o_t], where z_t are the logits one position left of o_t.
     # This is one forward more than generate ran. It costs a training forward without the backward.

@@ -187,14 +187,14 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
                          policy_version=0, baseline=0.0, temperature=temperature)
                  for prompt, row, k in zip(prompt_ids, completions, lengths.tolist())]
     device = next(model.parameters()).device
-    logp, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
+    log_mu, entropy = torch.zeros(completions.shape), torch.zeros(completions.shape)
     for start in range(0, len(stand_ins), at_a_time):
         cols = collate(stand_ins[start:start + at_a_time], pad_id, device=device, eos_ids=eos_ids)
-        part_logp, part_entropy = completion_logp(model, cols, temperature)
-        end, width = start + part_logp.shape[0], part_logp.shape[1]
-        logp[start:end, :width] = part_logp.float().cpu()
+        part, part_entropy = completion_logp(model, cols, temperature)   # mu's, no step yet
+        end, width = start + part.shape[0], part.shape[1]
+        log_mu[start:end, :width] = part.float().cpu()
         entropy[start:end, :width] = part_entropy.float().cpu()
-    return logp, entropy
+    return log_mu, entropy
 
 
 def completion_lengths(completions: torch.Tensor,
