@@ -106,14 +106,13 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
     if not cfg.max_new_tokens > 0:
         raise ValueError(f"max_new_tokens {cfg.max_new_tokens}: give the completions' limit (> 0)")
     model.eval()        # dropout off, as load_policy leaves it: it samples as the trainer trains
-    recorded = cfg.record_log_mu or link.fast is not None      # train.generate_round's way
     while (prompts := link.next_order()) is not None:       # waits until the trainer orders
         version = link.load_weights(model)                  # waits if past --max-lag behind
         rollouts, figures = rollout.generate_rollouts(
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             policy_version=version,                                             # as train.py
-            sampler=rollout.recording_sampler(fast=link.fast) if recorded else None)
+            sampler=rollout.run_sampler(cfg.record_log_mu, link.fast))   # train.py's way
         link.push(rollouts, figures)
 
 

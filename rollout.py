@@ -228,6 +228,12 @@ def recording_sampler(fast=None, shared_prefill: bool = True):
     return functools.partial(sample_recorded, fast=fast, shared_prefill=shared_prefill)
 
 
+def run_sampler(record_log_mu: bool, fast=None):
+    """The sampler train.py and its workers pass generate_rollouts: None (the method) unless
+    --record-log-mu or a FastDecoding (--fast-generation) asks for the recorder."""
+    return recording_sampler(fast=fast) if record_log_mu or fast is not None else None
+
+
 @torch.inference_mode()
 def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
                     temperature: float, fast=None, shared_prefill: bool = True):

@@ -172,7 +172,6 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
     """G samples of each prompt from the current policy, as Rollouts (rollout.generate_rollouts),
     in eval mode (no dropout), timed."""
     cfg, state = run.cfg, run.state
-    recorded = cfg.record_log_mu or run.fast is not None
     errors_before = run.reward_fn.errors
     report.reset_peak_memory(run.model)
     run.model.eval()
@@ -184,7 +183,7 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
             # the method: log mu by a no-grad forward after generate (forward_log_mu). Engineering,
             # by flag (--record-log-mu, --fast-generation): rollout.sample_recorded, log mu taken
             # while sampling and each prompt prefilled once (the same samples and log mu)
-            sampler=rollout.recording_sampler(fast=run.fast) if recorded else None)
+            sampler=rollout.run_sampler(cfg.record_log_mu, run.fast))
     run.mode_for_steps()
     return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
