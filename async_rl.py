@@ -15,14 +15,18 @@ processes, queues and weight sharing sit in infra/workers.py (``Generators`` on 
             push them to the trainer
     trainer (train.py's process)
         publish the adapter's weights; evaluate (step 0)
-        until the budget of rounds is in:
-            order rounds while the buffer has room for their rollouts unused
-            (--step-when-held: step while no round has arrived)
-            take the next round that arrived -> buffer.add
+        until the budget of rounds is in, one pass at a time:
+            order rounds: at most rounds_ahead on their way, each only while the buffer has room
+            for its rollouts unused (one anyway when none is on its way and no step can free room)
+            --step-when-held, no round arrived yet: one step (if the buffer holds B), next pass
+            else take the next round that arrived (wait for it) -> buffer.add
             its steps, as in the synchronous loop: K once the buffer holds B (with S: K for every
-            S stored); each samples B, takes one optimizer step and every --sync-every steps
-            publishes the weights
+            S stored; --step-when-held: one); each samples B, orders the rounds that this sample
+            made room for (they generate during the step), takes one optimizer step and every
+            --sync-every steps publishes the weights
             eval and checkpoint when due
+Rounds are ordered at the two moments room can appear: at the top of a pass (a round arrived and
+was stored since the last) and inside each step, between its sample and the update.
 
 K and S count as in the synchronous loop: K steps for each round that arrives (S = 0), or K steps
 for every S rollouts stored (S > 0). Two things differ, because the workers sample while the
@@ -73,14 +77,13 @@ def train_async(run, sample_batch, take_step) -> None:
         workers.publish(run.model, state.step)      # the weights the first rounds sample with
         if state.first_accuracy is None:
             held_out_eval(run)                      # step 0, while the workers load their models
-        while not budget_spent(run) or workers.outstanding:     # rounds still to come
-            order_rounds(run, workers)              # P prompts a round, while N has room
-            arrived = None
-            if cfg.step_when_held:                  # the paper's trainer: it steps while it waits
-                while ((arrived := workers.take_round(wait=False)) is None
-                       and one_step(run, workers, sample_batch, take_step)):
-                    pass
-            arrived = arrived or workers.take_round(wait=True)     # the next round (waits)
+        while (not budget_spent(run) or workers.outstanding) and not run.stop.requested():
+            order_rounds(run, workers)              # what room there is (one_step orders too)
+            arrived = workers.take_round(wait=False)            # a round that arrived, or None
+            if (arrived is None and cfg.step_when_held
+                    and one_step(run, workers, sample_batch, take_step)):
+                continue                            # the paper's trainer: it stepped meanwhile
+            arrived = arrived or workers.take_round(wait=True)  # else: wait for the next round
             if arrived is None:                     # a stop, asked while it waited
                 return
             steps = store(run, *arrived)            # buffer.add; the steps it makes due
@@ -92,8 +95,6 @@ def train_async(run, sample_batch, take_step) -> None:
             if eval_due(run):
                 held_out_eval(run)
             end_of_round(run)                       # the progress bar, a checkpoint when due
-            if run.stop.requested():
-                return
 
 
 def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
@@ -132,8 +133,8 @@ def store(run, rollouts: list[Rollout], figures: dict) -> int:
     run.reporter.row(state, {**state.round_stats, "updates": 0,      # the round's row (no step)
                            **report.buffer_counts(run.buffer, state)})
     held = len(run.buffer) >= cfg.batch_size
-    if cfg.step_when_held:
-        return int(held)
+    if cfg.step_when_held:          # one now (a trainer slower than the workers, always finding a
+        return int(held)            # round arrived, still steps); the rest in passes with none
     if cfg.new_per_update:                          # K for every S stored
         state.new_since_step += stored
         due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)
@@ -142,22 +143,29 @@ def store(run, rollouts: list[Rollout], figures: dict) -> int:
     return cfg.updates_per_round if held else 0
 
 
+def can_step(run, workers) -> bool:
+    """Whether the trainer may step: the buffer holds B and a round has arrived (a resumed buffer
+    is not stepped on while the workers load their models)."""
+    return len(run.buffer) >= run.cfg.batch_size and workers.delivered
+
+
 def one_step(run, workers, sample_batch, take_step) -> bool:
-    """One optimizer step on B rollouts from the buffer, if it holds them and a round has arrived
-    (a resumed buffer is not stepped on while the workers load their models); else False. The room
-    the step frees is ordered first (generated during the step); the weights are published every
-    --sync-every steps."""
+    """One optimizer step on B rollouts from the buffer, if can_step; else False (and False if
+    --max-uses leaves fewer than B to sample). Between the sample and the step it orders the rounds
+    the sample made room for, so that they generate during the step. The weights are published
+    every --sync-every steps; a worker past --max-lag learns the trainer's new step."""
     cfg, state = run.cfg, run.state
-    if len(run.buffer) < cfg.batch_size or not workers.delivered:
+    if not can_step(run, workers):
         return False
     cap = cfg.max_uses if cfg.step_when_held and cfg.reuse and cfg.max_uses else None
     sampled = sample_batch(run, cfg.batch_size, cap)        # --max-uses: at most that often
     if sampled is None:
         return False
     if not cfg.lockstep:                        # (lockstep: the next round waits for this step)
-        order_rounds(run, workers)              # the room it freed: generated during the step
+        order_rounds(run, workers)              # the room the sample freed: generated during it
     workers.account(state)                      # the time split, into this step's metrics row
     take_step(run, sampled, cfg.batch_size)     # one optimizer step: the policy's version + 1
+    workers.trainer_at(state.step)              # a worker past --max-lag waits on it
     if state.step % cfg.sync_every == 0:
         workers.publish(run.model, state.step)
     return True
@@ -189,26 +197,21 @@ def room_for_a_round(run, outstanding: int) -> bool:
     return evicted <= len(items) and all(old.uses > 0 for old in items[:max(evicted, 0)])
 
 
-
 def order_rounds(run, workers) -> None:
     """Orders for the workers, a round's P prompts each (drawn from the run's prompt stream, here,
-    so a checkpoint keeps it): while the buffer has room for their rollouts unused
-    (room_for_a_round), at most rounds_ahead of them on their way, until the budget is in. With
-    none on its way and no step the trainer could take meanwhile, one anyway: an unused rollout
-    evicted is counted (left_by_uses), where waiting for room would never end. --lockstep: one
-    round at a time, once the weights of every step before it are published."""
+    so a checkpoint keeps it), until the budget is in: at most rounds_ahead of them on their way,
+    and each only while the buffer has room for its rollouts unused (room_for_a_round). One
+    exception: with none on its way and no step the trainer can take while it waits (only
+    --step-when-held steps between rounds, and only once can_step), nothing would ever free room,
+    so a round is ordered anyway; an unused rollout it evicts is counted (left_by_uses).
+    --lockstep: one round at a time, once the weights of every step before it are published."""
     cfg, state = run.cfg, run.state
-    workers.trainer_at(state.step)              # a worker past --max-lag waits on it
     ahead = rounds_ahead(cfg.generators, cfg.batch_size, cfg.rollouts_per_round)
     while (workers.outstanding < ahead
            and state.round + workers.outstanding < cfg.max_rounds
            and not 0 < cfg.max_gen_tokens <= state.gen_tokens):
-        # idle: nothing on its way and no step possible meanwhile (one_step steps only with B
-        # held and once a round has arrived: not on a resumed buffer alone). Waiting for room
-        # would then wait forever, so a round is ordered anyway (its evictions are counted)
-        idle = workers.outstanding == 0 and not (cfg.step_when_held and workers.delivered
-                                                 and len(run.buffer) >= cfg.batch_size)
-        if not (room_for_a_round(run, workers.outstanding) or idle):
+        stuck = workers.outstanding == 0 and not (cfg.step_when_held and can_step(run, workers))
+        if not (room_for_a_round(run, workers.outstanding) or stuck):
             return
         if cfg.lockstep and (workers.outstanding or workers.published < state.step):
             return                          # the weights of every step before it, published

@@ -81,8 +81,9 @@ class ReplayBuffer:
 
     def add(self, rollouts: list[Rollout]) -> int:
         """Append rollouts, oldest first. Past capacity the oldest leave. Returns how many were
-        stored. Adding more than the capacity at once raises, because the first ones would leave
-        before any batch used them."""
+        stored: all of them here (ReplayBufferWithVariants' filter and limit may store fewer).
+        Adding more than the capacity at once raises, because the first ones would leave before
+        any batch used them."""
         if len(rollouts) > self.capacity:
             raise ValueError(f"{len(rollouts)} rollouts added to a buffer of {self.capacity}: "
                              f"the first {len(rollouts) - self.capacity} would be evicted before "

@@ -4,14 +4,14 @@ log mu(o_t), rewards and group-normalized advantages.
 Read in this order:
   - group_advantages: A within each group (the G completions of one prompt).
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
-  - sample_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
+  - generate_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
   - forward_log_mu: log mu by a no-grad forward after generate, as minimal.py takes it. Until the
     next step the model is mu, so it calls completion_logp, the function the loss calls, on
     collate's columns (minimal.py writes that forward out; the values are the same).
   - completion_lengths and end_token_ids: two small helpers of the above.
 The method ends there. Below it, each after a marker line:
-  - engineering, which train.py takes with --record-log-mu: sample_recorded samples as
-    sample_completions does and records log mu while generate samples (the recorder
+  - engineering, which train.py takes with --record-log-mu: generate_recorded samples as
+    generate_completions does and records log mu while generate samples (the recorder
     BehaviourLogProbs), so it saves that forward (one over every sampled sequence).
     generate_rollouts takes it as its sampler (recording_sampler). The recorder relies on the
     order in which transformers 5.x runs its logits processors, which its guard checks
@@ -74,9 +74,9 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``). reward_fn
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
-    (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round of
-    equal-reward groups warns, once).
-    log mu is taken as minimal.py takes it: sample_completions samples, then forward_log_mu runs
+    (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round in which
+    every group's rewards are equal warns; Python shows that warning once).
+    log mu is taken as minimal.py takes it: generate_completions samples, then forward_log_mu runs
     one no-grad forward over every sampled sequence (completion_logp: the model has taken no step
     since it sampled, so its log pi_theta is log mu). python train.py samples this way.
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
@@ -84,10 +84,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
     sampler (engineering; None: the method above): a function that gives the same samples with
     log mu recorded while generate samples, with no forward after. recording_sampler(...) makes
-    it (sample_recorded, below the marker); train.py passes one with --record-log-mu."""
+    it (generate_recorded, below the marker); train.py passes one with --record-log-mu."""
     G = num_generations
-    if sampler is None:         # the method, minimal.py's way: sample, then one no-grad forward
-        prompt_ids, completions, eos_ids = sample_completions(
+    if sampler is None:         # the method, minimal.py's way: generate, then one no-grad forward
+        prompt_ids, completions, eos_ids = generate_completions(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
         _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
@@ -113,7 +113,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                       "so tis and ppo get no gradient from it"
                       + (" (with G = 1, never)" if G == 1 else ""), stacklevel=2)
     # Unpadded per-rollout tensors: one masked copy, then split into views (no per-row ops). They
-    # are made here, outside sample_completions' inference_mode (prompt_ids cloned), so they are
+    # are made here, outside generate_completions' inference_mode (prompt_ids cloned), so they are
     # ordinary tensors: a caller may modify them or use them in autograd.
     completion_ids, behaviour_logp = completions[mask].split(kept), log_mu[mask].split(kept)
     baselines = rewards.view(-1, G).mean(1).tolist()
@@ -134,8 +134,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 
 
 @torch.inference_mode()
-def sample_completions(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                       temperature: float):
+def generate_completions(model, tokenizer, prompts: list[str], G: int, *,
+                         max_new_tokens: int, temperature: float):
     """G samples of each prompt, drawn from softmax(z_t / T) alone, with generate. Returns the
     prompts' ids (unpadded, one tensor each), the completions [P * G, max_len] on the CPU (prompt
     p's G samples in rows p*G to p*G + G - 1; generate pads each after its end) and the end token
@@ -223,9 +223,9 @@ def end_token_ids(model, tokenizer) -> tuple[list[int], int]:
 
 # ---- engineering: log mu recorded while generate samples (train.py --record-log-mu) ---------
 def recording_sampler(fast=None, shared_prefill: bool = True):
-    """generate_rollouts' sampler that records log mu while sampling: sample_recorded with these
+    """generate_rollouts' sampler that records log mu while sampling: generate_recorded with these
     switches (train.py: --record-log-mu; fast with --fast-generation)."""
-    return functools.partial(sample_recorded, fast=fast, shared_prefill=shared_prefill)
+    return functools.partial(generate_recorded, fast=fast, shared_prefill=shared_prefill)
 
 
 def run_sampler(record_log_mu: bool, fast=None):
@@ -235,11 +235,11 @@ def run_sampler(record_log_mu: bool, fast=None):
 
 
 @torch.inference_mode()
-def sample_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
-                    temperature: float, fast=None, shared_prefill: bool = True):
-    """sample_completions' samples, and log mu and mu's entropy of each token, [P * G, max_len]
+def generate_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
+                      temperature: float, fast=None, shared_prefill: bool = True):
+    """generate_completions' samples, and log mu and mu's entropy of each token, [P * G, max_len]
     each, recorded while generate samples (BehaviourLogProbs), with no forward after. Returns
-    sample_completions' three and those two. Engineering that gives the same samples faster:
+    generate_completions' three and those two. Engineering that gives the same samples faster:
       - shared_prefill=True: prefill_once builds the prompts' cache, each prompt token through the
         model once, not G times (tested: the same tokens);
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU.
@@ -289,7 +289,7 @@ class BehaviourLogProbs(LogitsProcessor):
                  scores z_2                     keep log softmax(z_2 / T)      generate draws o_2
         ...
         finish(completions): the last token's log mu, from the last call's log-softmax
-    Make one recorder per generate call. Use it through sample_recorded, which gives
+    Make one recorder per generate call. Use it through generate_recorded, which gives
     ``generate`` the generation_config the recorder was made with.
 
     Guards (in "the guards" below). At construction it refuses a generation_config, or a model's
@@ -306,7 +306,7 @@ class BehaviourLogProbs(LogitsProcessor):
         refuse_active_dropout(model)
         refuse_sampling_changes(model, generation_config)
         # the T generate will sample at, found as generate finds it: the config's
-        # (sample_recorded always sets it); if unset, the model's own generation_config's; else 1
+        # (generate_recorded always sets it); if unset, the model's own generation_config's; else 1
         self.temperature = (generation_config.temperature or model.generation_config.temperature
                             or 1.0)
         self.prev_log_mu: torch.Tensor | None = None  # the last call's log softmax(z / T)
@@ -432,7 +432,7 @@ def check_processors(processors, recorder: BehaviourLogProbs, length: int,
     if do_sample is False:
         raise ValueError("generate is decoding greedily (do_sample is not set), but the recorder "
                          "records log mu of sampling: give generate the generation_config the "
-                         "recorder was made with (sample_recorded does)")
+                         "recorder was made with (generate_recorded does)")
     T = recorder.temperature
     mine = next(i for i, p in enumerate(processors) if p is recorder)
     if any(isinstance(p, TemperatureLogitsWarper) for p in list(processors)[:mine]):

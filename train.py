@@ -181,7 +181,7 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step,
             # the method: log mu by a no-grad forward after generate (forward_log_mu). Engineering,
-            # by flag (--record-log-mu, --fast-generation): rollout.sample_recorded, log mu taken
+            # by flag (--record-log-mu, --fast-generation): rollout.generate_recorded, log mu taken
             # while sampling and each prompt prefilled once (the same samples and log mu)
             sampler=rollout.run_sampler(cfg.record_log_mu, run.fast))
     run.mode_for_steps()
@@ -443,7 +443,7 @@ class Config:
         "(infra/shared_prefix.py: the same log-probs, fewer token columns); with --logp-chunk "
         "(a large vocabulary's default) its head then runs in chunks too")
     record_log_mu: bool = opt(False, "engineering: take log mu while generate samples "
-        "(rollout.sample_recorded) and prefill each prompt once: the same samples and log mu "
+        "(rollout.generate_recorded) and prefill each prompt once: the same samples and log mu "
         "(tested) without the no-grad forward after generate; off: the method as read "
         "(forward_log_mu)")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "

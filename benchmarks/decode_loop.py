@@ -8,7 +8,7 @@ Both start from the same prompt cache (rollout.prefill_once: train.py --model sm
 prompts x G = 4 in the chat template, each prompt prefilled once) and run the same number of decode
 steps (those generate ran, 48 at most):
 
-  generate  model.generate with sample_completions' plain-sampling config and the log mu recorder,
+  generate  model.generate with generate_completions' plain-sampling config and the log mu recorder,
             as train.py samples (its logits processors, stopping criteria, cache bookkeeping)
   bare      per step: the model's forward on the last token with the cache, log_softmax(z / T),
             torch.multinomial, log mu gathered; nothing else

@@ -68,7 +68,7 @@ def test_behaviour_logp_equals_training_forward(policy, addition, temperature):
 
 @pytest.mark.parametrize("shared_prefill", [False, True])
 def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, addition, shared_prefill):
-    """generate_rollouts' method (no sampler: sample_completions, then forward_log_mu), minimal.py's
+    """generate_rollouts' method (no sampler: generate_completions, then forward_log_mu), minimal.py's
     way, samples the same completions (same seed) and gives the recorder's log mu and entropy
     (recording_sampler, with or without the shared prefill)."""
     model, tokenizer = policy

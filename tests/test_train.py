@@ -194,8 +194,8 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
 
 def test_record_log_mu_samples_by_the_recorder_and_trains_on_the_same_samples(tmp_path, tiny_path,
                                                                               monkeypatch):
-    """By default train.py samples by the method's path (no sampler: sample_completions, then
-    forward_log_mu); --record-log-mu by rollout.sample_recorded (the recorder, each prompt
+    """By default train.py samples by the method's path (no sampler: generate_completions, then
+    forward_log_mu); --record-log-mu by rollout.generate_recorded (the recorder, each prompt
     prefilled once). Under one seed both train on the same samples: the same metrics."""
     import rollout
     asked, plain = [], rollout.generate_rollouts
@@ -209,7 +209,7 @@ def test_record_log_mu_samples_by_the_recorder_and_trains_on_the_same_samples(tm
     assert asked == [None] * 3
     asked.clear()
     train.main(small + ["--output-dir", str(tmp_path / "recorded"), "--record-log-mu"])
-    assert asked == [("sample_recorded", True)] * 3
+    assert asked == [("generate_recorded", True)] * 3
     runs = [[json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
             for name in ("method", "recorded")]
     keys = ("gen_tokens", "reward", "completion_len", "loss", "is_ratio_mean", "entropy",

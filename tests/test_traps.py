@@ -666,8 +666,8 @@ def test_reader5_trap3_minimal_policy_loss_refuses_a_cap_below_1():
 
 
 # ---- a sixth reader's traps (docs/reviews/reader-2026-12-07-6.md), each on the bare piece -------
-def test_reader6_trap4_sample_completions_and_the_recorder_refuse_active_dropout(policy):
-    """Copied without generate_rollouts, sample_completions (or the recorder with one's own
+def test_reader6_trap4_generate_completions_and_the_recorder_refuse_active_dropout(policy):
+    """Copied without generate_rollouts, generate_completions (or the recorder with one's own
     generate) sampled a model in training mode with dropout (the reader's: LoRA's 0.1, rho 0.77 on
     average on fresh rollouts), silently. Both refuse it now; in eval mode they sample."""
     model, tokenizer = policy
@@ -676,13 +676,13 @@ def test_reader6_trap4_sample_completions_and_the_recorder_refuse_active_dropout
     model.train()
     config = GenerationConfig(**PLAIN_SAMPLING, max_new_tokens=3)
     with pytest.raises(ValueError, match="dropout"):
-        rollout.sample_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
-                                   temperature=1.0)
+        rollout.generate_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
+                                     temperature=1.0)
     with pytest.raises(ValueError, match="dropout"):
         BehaviourLogProbs(model, config)
     model.eval()
-    assert rollout.sample_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
-                                      temperature=1.0)[1].shape[0] == 2
+    assert rollout.generate_completions(model, tokenizer, ["5+7="], 2, max_new_tokens=3,
+                                        temperature=1.0)[1].shape[0] == 2
 
 
 def test_reader6_trap5_minimal_completion_logp_refuses_a_prompt_padded_on_its_right(policy,
