@@ -69,7 +69,7 @@ from infra.workers import Generators
 
 # ---- the two loops ---------------------------------------------------------------------------
 def train_async(run, sample_batch, take_step) -> None:
-    """The trainer, the README's async box. train.py's steps: sample_batch(run, B, max_uses) (B
+    """The trainer, the README's async box. train.py's steps: sample_batch(run, max_uses) (B
     from the buffer, or None) and take_step(run, sampled, B) (update_step, timed and recorded).
     Returns when the budget is in or a stop was asked (the caller saves)."""
     cfg, state = run.cfg, run.state
@@ -158,7 +158,7 @@ def one_step(run, workers, sample_batch, take_step) -> bool:
     if not can_step(run, workers):
         return False
     cap = cfg.max_uses if cfg.step_when_held and cfg.reuse and cfg.max_uses else None
-    sampled = sample_batch(run, cfg.batch_size, cap)        # --max-uses: at most that often
+    sampled = sample_batch(run, cap)                        # --max-uses: at most that often
     if sampled is None:
         return False
     if not cfg.lockstep:                        # (lockstep: the next round waits for this step)

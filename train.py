@@ -59,6 +59,10 @@ class Run:
     reporter: report.Report         # metrics.jsonl, the progress bar, curves.png
     stop: stopping.StopRequest      # a first Ctrl-C / SIGTERM: the round under way is cut short
     fast: object = None             # fast_decoding.FastDecoding, with --fast-generation
+    # this process's shares of B and S: B and S themselves when it runs alone (the default); under
+    # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
+    b_here: int = 0
+    s_here: int = 0
     # set while the run goes on:
     pause_workers: object = contextlib.nullcontext  # async: the workers held while evaluating
     saved_state: dict | None = None     # the loop state the last checkpoint of this process holds
@@ -92,8 +96,8 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
     S: S more stored) take K updates; an eval when due, a checkpoint when due.
     task: the --task's prompts and reward. saved: the checkpoint --resume names, or None.
     stop: the signal handler.
-    With the defaults (S = 0, no --learning-starts, one process) b_here is B, add_to_buffer stores
-    the whole round, and holds() is len(buffer) >= B.
+    With the defaults (S = 0, no --learning-starts) add_to_buffer stores the whole round and
+    holds() is len(buffer) >= B. Under torchrun each process works on its share (run.b_here).
     What the named calls of infra/ do, so that the loop reads without them:
       budget_spent   --max-rounds rounds done, or --max-gen-tokens generated;
       eval_due       every --eval-every rounds (or at --eval-every-tokens / --eval-at-tokens);
@@ -106,10 +110,6 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                      optimizer, buffer, random streams), so --resume does that round again."""
     run = setup(cfg, task, saved, stop)
     state, K = run.state, cfg.updates_per_round
-    # This process's shares of B and S: B and S themselves when it runs alone (the default); under
-    # torchrun, with W processes, B/W and S/W (each process holds its share of the buffer)
-    b_here = distributed.share_size(cfg.batch_size)
-    s_here = distributed.share_size(cfg.new_per_update)
     # The step: replay_rl.update_step, the function you read. With --micro-batch-size, float16
     # weights or torchrun: infra/engineered_update.py's version of it, tested equal (the_update)
     update = the_update(cfg, state.world_size)
@@ -122,10 +122,10 @@ def train(cfg: Config, task: tasks.Task, stop: stopping.StopRequest,
                 state.round += 1
                 prompts = draw_prompts(run)                 # P prompts
                 rollouts, figures = generate_round(run, prompts)    # G each: log mu, r, A
-                add_to_buffer(run, rollouts, figures, b_here, s_here)   # FIFO, N; S: see its doc
-                if holds(run, b_here, s_here):              # B held (with S: S more stored)
+                add_to_buffer(run, rollouts, figures)       # FIFO, N (with S: see its doc)
+                if holds(run):                              # B held (with S: S more stored)
                     for k in range(K):
-                        batch = sample_batch(run, b_here)   # B, uniformly; None: too few left
+                        batch = sample_batch(run)           # B, uniformly; None: too few left
                         if batch is None:                   # (--no-reuse, --max-age): the rest
                             state.lapsed_updates += K - k   # lapse, counted
                             break
@@ -189,18 +189,18 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
                       "prompts": len(prompts)}
 
 
-def add_to_buffer(run: Run, rollouts: list, figures: dict, b_here: int, s_here: int) -> None:
+def add_to_buffer(run: Run, rollouts: list, figures: dict) -> None:
     """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
     default) all of them. With S > 0 only as many as the loop needs: enough to make S stored since
     the last steps (those are the rollouts of the current policy), or enough to fill the buffer up
-    to B, whichever is more. The rest of the round is dropped and counted. b_here, s_here: this
-    process's B and S (B and S themselves when it runs alone)."""
+    to B, whichever is more. The rest of the round is dropped and counted. (B and S: this
+    process's shares, run.b_here and run.s_here; B and S themselves when it runs alone.)"""
     state = run.state
-    if s_here == 0:
+    if run.s_here == 0:
         limit = None                                            # every rollout
     else:
-        new_still_needed = s_here - current_rollouts(run)
-        to_fill_the_buffer = must_hold(run, b_here) - len(run.buffer)
+        new_still_needed = run.s_here - current_rollouts(run)
+        to_fill_the_buffer = must_hold(run) - len(run.buffer)
         limit = max(new_still_needed, to_fill_the_buffer, 0)    # 0: none of this round
     stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
@@ -209,18 +209,18 @@ def add_to_buffer(run: Run, rollouts: list, figures: dict, b_here: int, s_here: 
     report.peak_memory(state.round_stats, "gen", run.model)
 
 
-def holds(run: Run, b_here: int, s_here: int) -> bool:
+def holds(run: Run) -> bool:
     """Whether the round's updates are due: the buffer holds B (before the first update,
     --learning-starts if more) and, with S, S stored since the last steps (the rollouts of the
-    current policy); in every process (b_here, s_here: this process's B and S)."""
-    due = len(run.buffer) >= must_hold(run, b_here) and current_rollouts(run) >= s_here
+    current policy); in every process (each with its shares, run.b_here and run.s_here)."""
+    due = len(run.buffer) >= must_hold(run) and current_rollouts(run) >= run.s_here
     return distributed.every_rank(due)
 
 
-def must_hold(run: Run, b_here: int) -> int:
+def must_hold(run: Run) -> int:
     """B, or before the first update --learning-starts if more (this process's share of each)."""
     first = 0 if run.state.step else distributed.share_size(run.cfg.learning_starts)
-    return max(b_here, first)
+    return max(run.b_here, first)
 
 
 def current_rollouts(run: Run) -> int:
@@ -229,17 +229,17 @@ def current_rollouts(run: Run) -> int:
     return sum(item.policy_version == run.state.step for item in run.buffer.items)
 
 
-def sample_batch(run: Run, b_here: int, max_uses: int | None = None) -> list | None:
-    """B rollouts sampled uniformly from the buffer (b_here: this process's share of B), their uses
+def sample_batch(run: Run, max_uses: int | None = None) -> list | None:
+    """B rollouts sampled uniformly from the buffer (run.b_here: this process's share), their uses
     counted, or None: too few are left (used once with --no-reuse, or older than --max-age), in any
     process.
     max_uses (async_rl.py's, with --step-when-held): a rollout used that often leaves, counted."""
     cfg, state = run.cfg, run.state
     run.buffer.drop_stale(state.step)       # --max-age holds at every update, not only once a round
-    if not distributed.every_rank(len(run.buffer) >= b_here):
+    if not distributed.every_rank(len(run.buffer) >= run.b_here):
         return None
     held = len(run.buffer)
-    sampled = run.buffer.sample(b_here, remove=not cfg.reuse, max_uses=max_uses,
+    sampled = run.buffer.sample(run.b_here, remove=not cfg.reuse, max_uses=max_uses,
                                 current_version=state.step)
     state.retired_at_cap += held - len(run.buffer) if max_uses else 0
     return sampled
@@ -332,7 +332,8 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
         report.resumed(cfg, state, saved.config)
     run = Run(cfg, task, model, tokenizer, reward_fn, optimizer, buffer, rng, out, state,
               reporter=report.Report(out, cfg, state, resumed=saved is not None), stop=stop,
-              fast=fast)
+              fast=fast, b_here=distributed.share_size(cfg.batch_size),
+              s_here=distributed.share_size(cfg.new_per_update))
     run.mode_for_steps()
     stop.watch(run)
     return run

@@ -151,8 +151,8 @@ def test_the_loop_is_plain_and_runs_the_update_the_reader_studies():
     body = ast.get_source_segment(source, fn)
     loop = body[body.index("while not budget_spent(run)"):]
     assert "update = the_update(cfg" in body and "generators" not in body
-    order = ["state.round += 1", "draw_prompts(", "generate_round(", "add_to_buffer(", "holds(run, b_here, s_here)",
-             "for k in range(K)", "sample_batch(run, b_here)", "update(run.model", "record_step(",
+    order = ["state.round += 1", "draw_prompts(", "generate_round(", "add_to_buffer(", "holds(run)",
+             "for k in range(K)", "sample_batch(run)", "update(run.model", "record_step(",
              "held_out_eval(run)", "end_of_round(run)", "finish(run)"]
     at = [loop.index(name) for name in order]
     assert at == sorted(at), "train(): the loop's steps out of the README's order"
