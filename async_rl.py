@@ -28,8 +28,8 @@ processes, queues and weight sharing sit in infra/workers.py (``Generators`` on 
 Rounds are ordered at the two moments room can appear: at the top of a pass (a round arrived and
 was stored since the last) and inside each step, between its sample and the update.
 
-K and S count as in the synchronous loop: K steps for each round that arrives (S = 0), or K steps
-for every S rollouts stored (S > 0). Two things differ, because the workers sample while the
+K and S count as in the synchronous loop: no step before the buffer holds B; then K steps for
+each round that arrives (S = 0), or K steps for every S rollouts stored (S > 0). Two things differ, because the workers sample while the
 trainer steps. Every round that arrives is stored whole, and the count of stored rollouts carries
 over (the synchronous loop stores just the S it needs and drops the rest of the round). And a
 stored rollout may be of an older policy than the trainer's. --learning-starts is the synchronous
@@ -120,8 +120,8 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
 # ---- the trainer's rules ---------------------------------------------------------------------
 def store(run, rollouts: list[Rollout], figures: dict) -> int:
     """A round that arrived: every rollout into the buffer (but those the zero-advantage filter
-    drops), counted, its row. Returns the optimizer steps it makes due, as in the synchronous
-    loop: K for every S rollouts stored (S > 0), else K once the buffer holds B; with
+    drops), counted, its row. Returns the optimizer steps it makes due: none while the buffer
+    holds fewer than B; then K (S = 0), or K for every S rollouts stored since (S > 0); with
     --step-when-held one (the trainer steps on while it waits for the next round). (--lockstep
     comes with S = 0: cli.py refuses it with S.)"""
     cfg, state = run.cfg, run.state
@@ -135,12 +135,14 @@ def store(run, rollouts: list[Rollout], figures: dict) -> int:
     held = len(run.buffer) >= cfg.batch_size
     if cfg.step_when_held:          # one now (a trainer slower than the workers, always finding a
         return int(held)            # round arrived, still steps); the rest in passes with none
+    if not held:                    # no step before the buffer holds B, as in the synchronous
+        state.idle_rounds += 1      # loop; what fills it does not count toward S
+        return 0
     if cfg.new_per_update:                          # K for every S stored
         state.new_since_step += stored
         due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)
         return cfg.updates_per_round * due
-    state.idle_rounds += not held
-    return cfg.updates_per_round if held else 0
+    return cfg.updates_per_round
 
 
 def can_step(run, workers) -> bool:
@@ -207,12 +209,15 @@ def order_rounds(run, workers) -> None:
     --lockstep: one round at a time, once the weights of every step before it are published."""
     cfg, state = run.cfg, run.state
     ahead = rounds_ahead(cfg.generators, cfg.batch_size, cfg.rollouts_per_round)
-    while (workers.outstanding < ahead
+    while (workers.outstanding < ahead          # state.round: the rounds arrived so far
            and state.round + workers.outstanding < cfg.max_rounds
            and not 0 < cfg.max_gen_tokens <= state.gen_tokens):
-        stuck = workers.outstanding == 0 and not (cfg.step_when_held and can_step(run, workers))
-        if not (room_for_a_round(run, workers.outstanding) or stuck):
-            return
+        if not room_for_a_round(run, workers.outstanding):
+            # Room comes by waiting when a round is on its way (its steps use rollouts) or the
+            # trainer steps while it waits (--step-when-held, once can_step): then wait for it
+            if workers.outstanding or (cfg.step_when_held and can_step(run, workers)):
+                return
+            # else nothing would ever free room: the round is ordered anyway (the exception)
         if cfg.lockstep and (workers.outstanding or workers.published < state.step):
             return                          # the weights of every step before it, published
         workers.order(run.rng.sample(run.task.train_prompts, cfg.prompts_per_round))

@@ -9,7 +9,7 @@ each carry 70% of the time. So it knows how to carry but rarely does: it gets 0.
 sums right. RL with a 0/1 reward for the exact sum teaches it to carry (0.9 or more).
 
 The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.08706). Each round:
-  1. Sample G completions for each of P prompts with the current policy pi_theta. The policy as it
+  1. Generate G completions for each of P prompts with the current policy pi_theta. The policy as it
      is now is the *behaviour policy* mu of these rollouts. Store log mu(o_t) for every token o_t.
   2. Reward each completion (r), and normalize the rewards within each group of G:
      A = (r - mean r) / (std r + 1e-4).

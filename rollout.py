@@ -33,7 +33,9 @@ import sys
 import warnings
 
 import torch
-from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList,
+from transformers import GenerationConfig
+# the recorder's and the shared prefill's (engineering, below the marker)
+from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList,
                           MinLengthLogitsProcessor, TemperatureLogitsWarper)
 
 from buffer import Rollout, collate
@@ -69,7 +71,7 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor,
 def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_generations: int,
                       max_new_tokens: int, temperature: float = 1.0, policy_version: int,
                       sampler=None) -> tuple[list[Rollout], dict]:
-    """Sample G = ``num_generations`` completions per prompt from mu (the model as it is now).
+    """Generate G = ``num_generations`` completions per prompt from mu (the model as it is now).
     Returns (rollouts, figures): the Rollouts, prompt-major, and the round's figures. Each Rollout
     carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``). reward_fn
@@ -82,9 +84,11 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
     penalty and the like are overridden with neutral values. A setting that acts whenever it is
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    sampler (engineering; None: the method above): a function that gives the same samples with
-    log mu recorded while generate samples, with no forward after. recording_sampler(...) makes
-    it (generate_recorded, below the marker); train.py passes one with --record-log-mu."""
+    sampler (engineering; None: the method above): a function that gives the same completions with
+    log mu recorded while generate samples, with no forward after: (model, tokenizer, prompts, G,
+    *, max_new_tokens, temperature) -> (prompt_ids, completions, eos_ids, log_mu, mu_entropy).
+    recording_sampler(...) makes it (generate_recorded, below the marker); train.py passes one
+    with --record-log-mu."""
     G = num_generations
     if sampler is None:         # the method, minimal.py's way: generate, then one no-grad forward
         prompt_ids, completions, eos_ids = generate_completions(
@@ -116,7 +120,7 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     # are made here, outside generate_completions' inference_mode (prompt_ids cloned), so they are
     # ordinary tensors: a caller may modify them or use them in autograd.
     completion_ids, behaviour_logp = completions[mask].split(kept), log_mu[mask].split(kept)
-    baselines = rewards.view(-1, G).mean(1).tolist()
+    baselines = rewards.view(-1, G).mean(1).tolist()   # prompt-major, as generate made them
     rollouts = [Rollout(prompt_ids=prompt_ids[i // G].clone(), completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
                         policy_version=policy_version, baseline=baselines[i // G],
@@ -174,6 +178,8 @@ def forward_log_mu(model, prompt_ids: list[torch.Tensor], completions: torch.Ten
     """log mu(o_t) and mu's entropy, [batch, max_len] each (0 past a completion's end), by a
     forward after generate. Until the next optimizer step the model is mu, so log mu is the
     log pi_theta the loss takes: completion_logp on collate's columns, here with no gradient.
+    Call it right after generate, before any step: called again at replay it gives log pi_theta,
+    rho = 1, and the staleness correction is silently gone.
     prompt_ids: one unpadded prompt per completion; completions: [batch, max_len] as generate
     returned them; lengths: the tokens each keeps (completion_lengths). at_a_time: completions
     scored at a time, so that the logits held are [at_a_time, max_len, vocab], not [batch, ...];

@@ -4,9 +4,9 @@
     python train.py --generators 1       # the same with one generation worker process (async)
     python train.py --help               # every flag, with its meaning
 
-Each round samples P prompts and G completions of each with the current policy. It adds these
-P x G rollouts to a FIFO buffer of N. Once the buffer holds B, the round takes K optimizer steps
-(replay_rl.update_step). Each step trains on B rollouts drawn uniformly from the buffer.
+Each round draws P prompts and generates G completions of each with the current policy. It adds
+these P x G rollouts to a FIFO buffer of N. Once the buffer holds B, the round takes K optimizer
+steps (replay_rl.update_step). Each step trains on B rollouts drawn uniformly from the buffer.
 R is the number of rollouts stored a round. The replay ratio K*B/R is how often a rollout is used
 on average. The staleness horizon N/R is how many rounds a rollout stays. On-policy is N = R = B,
 K = 1.
@@ -190,18 +190,10 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
 
 
 def add_to_buffer(run: Run, rollouts: list, figures: dict) -> None:
-    """The round's rollouts into the buffer (FIFO: the oldest leave), counted. With S = 0 (the
-    default) all of them. With S > 0 only as many as the loop needs: enough to make S stored since
-    the last steps (those are the rollouts of the current policy), or enough to fill the buffer up
-    to B, whichever is more. The rest of the round is dropped and counted. (B and S: this
-    process's shares, run.b_here and run.s_here; B and S themselves when it runs alone.)"""
+    """The round's rollouts into the buffer (FIFO: the oldest leave), counted: all of them with
+    S = 0 (the default); with S > 0 only as many as the loop needs (limit_with_s)."""
     state = run.state
-    if run.s_here == 0:
-        limit = None                                            # every rollout
-    else:
-        new_still_needed = run.s_here - current_rollouts(run)
-        to_fill_the_buffer = must_hold(run) - len(run.buffer)
-        limit = max(new_still_needed, to_fill_the_buffer, 0)    # 0: none of this round
+    limit = None if run.s_here == 0 else limit_with_s(run)      # None: every rollout
     stored = run.buffer.add(rollouts, limit=limit)
     run.buffer.drop_stale(state.step)
     report.count_round(state, figures, len(rollouts), figures["prompts"],
@@ -209,11 +201,24 @@ def add_to_buffer(run: Run, rollouts: list, figures: dict) -> None:
     report.peak_memory(state.round_stats, "gen", run.model)
 
 
+def limit_with_s(run: Run) -> int:
+    """With S > 0, how many of the round to store: enough to make S stored since the last steps
+    (those are the rollouts of the current policy), or enough to fill the buffer up to B,
+    whichever is more (0: none). The rest of the round is dropped and counted. (B and S: this
+    process's shares, run.b_here and run.s_here; B and S themselves when it runs alone.)"""
+    new_still_needed = run.s_here - current_rollouts(run)
+    to_fill_the_buffer = must_hold(run) - len(run.buffer)
+    return max(new_still_needed, to_fill_the_buffer, 0)
+
+
 def holds(run: Run) -> bool:
-    """Whether the round's updates are due: the buffer holds B (before the first update,
-    --learning-starts if more) and, with S, S stored since the last steps (the rollouts of the
-    current policy); in every process (each with its shares, run.b_here and run.s_here)."""
-    due = len(run.buffer) >= must_hold(run) and current_rollouts(run) >= run.s_here
+    """Whether the round's updates are due: the buffer holds B (with the defaults, the whole rule;
+    before the first update, --learning-starts if more) and, with S, S stored since the last steps
+    (the rollouts of the current policy); in every process, each with its shares (run.b_here,
+    run.s_here)."""
+    due = len(run.buffer) >= must_hold(run)
+    if run.s_here:
+        due = due and current_rollouts(run) >= run.s_here
     return distributed.every_rank(due)
 
 
@@ -375,7 +380,7 @@ class Config:
     output_dir: str = opt("", "run folder (metrics, checkpoints, adapter/); default runs/<time>")
     seed: int = opt(0, "random seed (prompts, sampling, buffer)")
     # rollouts
-    prompts_per_round: int = opt(16, "P: prompts sampled per round (16 x 8 = 128 new rollouts for "
+    prompts_per_round: int = opt(16, "P: prompts drawn per round (16 x 8 = 128 new rollouts for "
         "B = N = 256: replay, each rollout used twice; 32: on-policy)")
     num_generations: int = opt(8, "completions per prompt (G, the group for advantages)")
     max_new_tokens: int = opt(0, "longest completion; 0 = the task's own limit")

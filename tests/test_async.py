@@ -129,6 +129,28 @@ def test_the_loop_rules_with_a_stand_in_buffer():
     assert async_rl.store(run, [], gen) == 0 and state.idle_rounds == 1    # fewer than B held
 
 
+def test_with_s_no_step_is_made_due_before_the_buffer_holds_b():
+    """S = 8, B = 32: a first round of 16 made 2 steps due that one_step could not take (fewer than
+    B held), counted as lapsed; the synchronous loop takes none before it holds B. Now: 0, an idle
+    round; the round that brings B makes 16 / 8 = 2 due (what filled the buffer before does not
+    count toward S)."""
+    from types import SimpleNamespace
+    from buffer import ReplayBufferWithVariants, Rollout
+    import torch
+
+    cfg = SimpleNamespace(new_per_update=8, updates_per_round=1, batch_size=32, num_generations=4,
+                          step_when_held=False)
+    state = train.LoopState()
+    run = SimpleNamespace(cfg=cfg, state=state, buffer=ReplayBufferWithVariants(64),
+                          reporter=SimpleNamespace(row=lambda state, row: None))
+    gen = {"new_tokens": 16, "reward": 1.0, "zero_adv_frac": 0.0, "rollout_entropy": 0.1,
+           "completion_len": 1.0, "truncated_frac": 0.0, "reward_errors": 0}
+    round_ = lambda: [Rollout(torch.tensor([1]), torch.tensor([2]), torch.tensor([-0.5]), 1.0, 0.5,
+                              0, baseline=0.5, temperature=1.0) for _ in range(16)]
+    assert async_rl.store(run, round_(), gen) == 0 and state.idle_rounds == 1
+    assert async_rl.store(run, round_(), gen) == 2 and state.new_since_step == 0
+
+
 def test_the_trainer_orders_a_batch_of_rounds_ahead_so_a_step_never_starves_the_worker():
     """The trainer orders only between steps: before a step it must have ordered every round the
     worker can generate during it. R = 4, B = 16, N = 32, S = 0, one worker, every stored rollout
