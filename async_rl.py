@@ -29,11 +29,11 @@ Rounds are ordered at the two moments room can appear: at the top of a pass (a r
 was stored since the last) and inside each step, between its sample and the update.
 
 K and S count as in the synchronous loop: no step before the buffer holds B; then K steps for
-each round that arrives (S = 0), or K steps for every S rollouts stored (S > 0). Two things differ, because the workers sample while the
-trainer steps. Every round that arrives is stored whole, and the count of stored rollouts carries
-over (the synchronous loop stores just the S it needs and drops the rest of the round). And a
-stored rollout may be of an older policy than the trainer's. --learning-starts is the synchronous
-loop's only. The flags of this loop alone:
+each round that arrives (S = 0), or K steps for every S rollouts stored (S > 0). Two things
+differ, because the workers sample while the trainer steps. Every round that arrives is stored
+whole, and the count of stored rollouts carries over (the synchronous loop stores just the S it
+needs and drops the rest of the round). And a stored rollout may be of an older policy than the
+trainer's. --learning-starts is the synchronous loop's only. The flags of this loop alone:
   --generators n, --generator-devices, --sync-every, --worker-timeout: the workers, their devices,
     how often the trainer publishes its weights, how long a silent worker may take;
   --step-when-held: the paper's trainer, a step whenever the buffer holds B, K and S aside, so
@@ -62,7 +62,7 @@ import math
 
 import rollout
 from buffer import Rollout
-from infra import report
+from infra import generation, report
 from infra.round_end import budget_spent, end_of_round, eval_due, held_out_eval
 from infra.workers import Generators
 
@@ -113,7 +113,7 @@ def worker_loop(model, tokenizer, reward_fn, cfg, link) -> None:
             model, tokenizer, prompts, reward_fn, num_generations=cfg.num_generations,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             policy_version=version,                                             # as train.py
-            sampler=rollout.run_sampler(cfg.record_log_mu, link.fast))   # train.py's way
+            sampler=generation.run_sampler(cfg.record_log_mu, link.fast))   # train.py's way
         link.push(rollouts, figures)
 
 

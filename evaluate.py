@@ -31,6 +31,7 @@ import sys
 from infra import checkpoint
 from infra import cli
 from infra import distributed
+from infra import generation
 from infra import loading
 from infra import report
 import rollout
@@ -196,7 +197,7 @@ def sampled_rewards(model, tokenizer, prompts, reward, *, n, max_new_tokens, tem
         rollouts, _ = rollout.generate_rollouts(model, tokenizer, chunk, reward, num_generations=n,
                                                 max_new_tokens=max_new_tokens,
                                                 temperature=temperature, policy_version=0,
-                                                sampler=rollout.recording_sampler())
+                                                sampler=generation.recording_sampler())
         rewards += [[r.reward for r in rollouts[i * n:(i + 1) * n]] for i in range(len(chunk))]
     return rewards
 
@@ -226,7 +227,7 @@ def main(argv=None) -> dict:
     fns = loading.eval_rewards(task, reward)
     try:
         with tqdm(total=len(prompts), desc="greedy", disable=None) as bar:
-            scores = rollout.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
+            scores = generation.greedy_rewards(model, tokenizer, prompts, fns, max_new_tokens=limit,
                                             progress=bar)
     except loading.RewardError as e:    # one line (--on-reward-error zero scores such cases 0)
         sys.exit(f"error: {e}")

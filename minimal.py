@@ -34,7 +34,7 @@ it too trains LoRA adapters, not the full model):
     trains (train.py --generators n, async_rl.py).
   - log mu comes from a second, no-grad forward after generate: one more forward over every
     sampled sequence, without a backward. train.py takes it the same way (rollout.forward_log_mu);
-    with --record-log-mu it records it while generate samples (rollout.generate_recorded), with no
+    with --record-log-mu it records it while generate samples (infra/generation.py), with no
     second forward.
 Each piece below computes what its counterpart in rollout.py, buffer.py or replay_rl.py computes,
 on the same inputs (tests/test_minimal.py checks log mu, the advantages, collate's columns, the

@@ -35,7 +35,8 @@ import async_rl
 import rollout
 import tasks
 from buffer import ReplayBufferWithVariants
-from infra import checkpoint, cli, distributed, engineered_update, loading, report, runfolder
+from infra import checkpoint, cli, distributed, engineered_update, generation, loading, report
+from infra import runfolder
 from infra import stopping
 from infra.checkpoint import LoopState      # the loop's counters, kept by a checkpoint
 from infra.round_end import budget_spent, end_of_round, eval_due, finish, held_out_eval, save
@@ -181,9 +182,9 @@ def generate_round(run: Run, prompts: list[str]) -> tuple[list, dict]:
             max_new_tokens=cfg.max_new_tokens or run.task.max_new_tokens,
             temperature=cfg.temperature, policy_version=state.step,
             # the method: log mu by a no-grad forward after generate (forward_log_mu). Engineering,
-            # by flag (--record-log-mu, --fast-generation): rollout.generate_recorded, log mu taken
-            # while sampling and each prompt prefilled once (the same samples and log mu)
-            sampler=rollout.run_sampler(cfg.record_log_mu, run.fast))
+            # by flag (--record-log-mu, --fast-generation): infra/generation.py's generate_recorded,
+            # log mu taken while sampling, each prompt prefilled once (the same samples and log mu)
+            sampler=generation.run_sampler(cfg.record_log_mu, run.fast))
     run.mode_for_steps()
     return rollouts, {**figures, "reward_errors": run.reward_fn.errors - errors_before,
                       "prompts": len(prompts)}
@@ -449,7 +450,7 @@ class Config:
         "(infra/shared_prefix.py: the same log-probs, fewer token columns); with --logp-chunk "
         "(a large vocabulary's default) its head then runs in chunks too")
     record_log_mu: bool = opt(False, "engineering: take log mu while generate samples "
-        "(rollout.generate_recorded) and prefill each prompt once: the same samples and log mu "
+        "(generation.generate_recorded) and prefill each prompt once: the same samples and log mu "
         "(tested) without the no-grad forward after generate; off: the method as read "
         "(forward_log_mu)")
     fast_generation: bool = opt(False, "on a GPU: a static KV cache kept for the run, so "

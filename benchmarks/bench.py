@@ -47,7 +47,8 @@ from infra.policy import load_policy  # noqa: E402
 from infra.engineered_update import update_step_engineered  # noqa: E402
 from infra.report import quiet_libraries  # noqa: E402
 from infra.fast_decoding import FastDecoding  # noqa: E402
-from rollout import end_token_ids, generate_rollouts, recording_sampler  # noqa: E402
+from rollout import end_token_ids, generate_rollouts  # noqa: E402
+from infra.generation import recording_sampler       # noqa: E402
 from train import Config  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -35,7 +35,8 @@ from buffer import collate                              # noqa: E402
 from infra import pretrained, runfolder                # noqa: E402
 from infra.policy import load_policy                    # noqa: E402
 from replay_rl import completion_logp, update_step      # noqa: E402
-from rollout import end_token_ids, generate_rollouts, recording_sampler    # noqa: E402
+from rollout import end_token_ids, generate_rollouts    # noqa: E402
+from infra.generation import recording_sampler         # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48

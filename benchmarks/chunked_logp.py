@@ -152,6 +152,7 @@ def smollm2_rollouts(seed: int = 0):
     from infra import loading
     from infra import report
     import rollout
+    from infra import generation
     import train
     report.quiet_libraries()
     w = SMOLLM2_WORK
@@ -164,7 +165,7 @@ def smollm2_rollouts(seed: int = 0):
     rollouts, _ = rollout.generate_rollouts(
         model, tokenizer, prompts, task.reward, num_generations=w["generations"],
         max_new_tokens=w["max_new_tokens"], temperature=cfg.temperature, policy_version=0,
-        sampler=rollout.recording_sampler(shared_prefill=False))
+        sampler=generation.recording_sampler(shared_prefill=False))
     model.train()
     return model, tokenizer, rollouts, cfg
 

@@ -4,7 +4,7 @@
     python benchmarks/decode_loop.py               # ~2 min on a quiet core, one thread
     python benchmarks/decode_loop.py --rounds 1    # a smoke test
 
-Both start from the same prompt cache (rollout.prefill_once: train.py --model smollm2's 4 sums
+Both start from the same prompt cache (generation.prefill_once: train.py --model smollm2's 4 sums
 prompts x G = 4 in the chat template, each prompt prefilled once) and run the same number of decode
 steps (those generate ran, 48 at most):
 
@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 import tasks                                    # noqa: E402
 from infra import pretrained, runfolder        # noqa: E402
 from infra.policy import load_policy            # noqa: E402
-from rollout import (PLAIN_SAMPLING, BehaviourLogProbs, end_token_ids,  # noqa: E402
-                     prefill_once)
+from infra.generation import BehaviourLogProbs, prefill_once  # noqa: E402
+from rollout import PLAIN_SAMPLING, end_token_ids  # noqa: E402
 from transformers import GenerationConfig, LogitsProcessorList  # noqa: E402
 
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48

@@ -35,7 +35,8 @@ sys.path.insert(0, ROOT)
 import tasks                                    # noqa: E402
 from infra import pretrained, runfolder        # noqa: E402
 from infra.policy import load_policy            # noqa: E402
-from rollout import generate_rollouts, recording_sampler      # noqa: E402
+from rollout import generate_rollouts                         # noqa: E402
+from infra.generation import recording_sampler               # noqa: E402
 
 P, G, T, NEW_TOKENS = 4, 4, 0.7, 48
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm",

@@ -325,10 +325,10 @@ write_driver() {
     cat >"$WORK/train_driver.py" <<'EOF'
 import os, runpy, sys
 sys.path.insert(0, os.getcwd())
-import rollout
-if os.environ.get("GPU_CHECK_EVAL", "0") != "1" and hasattr(rollout, "greedy_rewards"):
+from infra import generation
+if os.environ.get("GPU_CHECK_EVAL", "0") != "1" and hasattr(generation, "greedy_rewards"):
     # greedy generation of every eval prompt to the max new tokens (random weights): half of the run's time
-    rollout.greedy_rewards = lambda model, tokenizer, prompts, reward_fns, **kw: dict.fromkeys(reward_fns, 0.0)
+    generation.greedy_rewards = lambda model, tokenizer, prompts, reward_fns, **kw: dict.fromkeys(reward_fns, 0.0)
     print("gpu_check: greedy evals stubbed out (accuracy 0)", flush=True)
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")

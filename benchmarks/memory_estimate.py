@@ -34,7 +34,7 @@ I intermediate, kv = kv heads * head dim, V vocabulary:
                all R * P prompt tokens at once; alive at its peak (in the up projection): the SiLU output, the base
                projection's output (s) and the fp32 LoRA branch and sum (8), and the residual and normed states
   decode       kv(R * (P + C)) + 6 * 4 * R * V: the full KV cache, and fp32 [R, V] tensors of a sampling step
-               (logits copy, / temperature, log_softmax and its exp in rollout.BehaviourLogProbs, the previous
+               (logits copy, / temperature, log_softmax and its exp in generation.BehaviourLogProbs, the previous
                step's log-probs it keeps, the sampling softmax)
   activations  what autograd saves in the training forward, summed over the layers:
                without checkpointing   layers * m * T * a

@@ -1,4 +1,4 @@
-"""Each prompt prefilled once (rollout.prefill_once, the default) against ``generate`` given G
+"""Each prompt prefilled once (generation.prefill_once, the default) against ``generate`` given G
 copies of each prompt (shared_prefill=False), side by side in one process, one thread, interleaved
 (plain, shared; then shared, plain; ...) with the same seed for both of a pair, so that a load on
 the machine falls on both alike. Writes docs/results/prefill_cpu.json.
@@ -17,7 +17,7 @@ the machine falls on both alike. Writes docs/results/prefill_cpu.json.
               long_prompt  2 prompts x G = 8 of 189 tokens: a few-shot prefix of 5 worked sums
                            before the question (166 tokens shared), as GSM8K with few-shot examples
               demo         python train.py's: the tiny model, 16 prompts x G = 8, 5 new tokens
-  evals     rollout.greedy_rewards (train.py's eval): seconds, plain (one generate call) against
+  evals     generation.greedy_rewards (train.py's eval): seconds, plain (one generate call) against
             shared (prefill_once, and greedy_completions: a reply leaves the batch once it ended,
             generate run 8 tokens at a time), and the same phases: smollm2 (100 held-out
             prompts, 48 new tokens), long_prompt (32 prompts), demo (500 prompts)
@@ -62,11 +62,11 @@ class Phases:
     of generate's are decode steps."""
 
     def __init__(self, model):
-        import rollout
+        from infra import generation
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         base.register_forward_pre_hook(self.before, with_kwargs=True)
         base.register_forward_hook(self.after, with_kwargs=True)
-        generate, prefill_once = base.generate, rollout.prefill_once
+        generate, prefill_once = base.generate, generation.prefill_once
 
         def timed_generate(*args, **kwargs):      # PEFT's generate calls the base model's
             # its first forward runs the prompts' last column, unless it continues a batch
@@ -81,7 +81,7 @@ class Phases:
         def counted_prefill_once(*args, **kwargs):
             self.shared = self.new_batch = True
             return prefill_once(*args, **kwargs)
-        base.generate, rollout.prefill_once = timed_generate, counted_prefill_once
+        base.generate, generation.prefill_once = timed_generate, counted_prefill_once
         self.state, self.calls, self.shared, self.new_batch = "outside", [], False, False
 
     def before(self, module, args, kwargs):
@@ -167,13 +167,14 @@ def prefix_length(tokenizer, prompts: list[str]) -> tuple[int, int]:
 
 def one_round(model, tokenizer, task, cfg, prompts, reward, G, shared: bool, seed: int) -> dict:
     import rollout
+    from infra import generation
     phases = phases_of(model)
     torch.manual_seed(seed)
     wall, cpu = time.perf_counter(), time.process_time()
     rollouts, stats = rollout.generate_rollouts(
         model, tokenizer, prompts, reward, num_generations=G,
         max_new_tokens=cfg.max_new_tokens or task.max_new_tokens, temperature=cfg.temperature,
-        policy_version=0, sampler=rollout.recording_sampler(shared_prefill=shared))
+        policy_version=0, sampler=generation.recording_sampler(shared_prefill=shared))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"s": wall, "cpu_s": cpu, "rollouts_per_s": len(rollouts) / wall, **phases.split(wall),
             "new_tokens": stats["new_tokens"],
@@ -182,12 +183,12 @@ def one_round(model, tokenizer, task, cfg, prompts, reward, G, shared: bool, see
 
 
 def one_eval(model, tokenizer, task, cfg, prompts, reward, shared: bool) -> dict:
-    import rollout
+    from infra import generation
     phases = phases_of(model)
     texts = []
     fns = {"reward": lambda p, c: texts.append(c) or float(reward(p, c))}
     wall, cpu = time.perf_counter(), time.process_time()
-    means = rollout.greedy_rewards(model, tokenizer, prompts, fns,
+    means = generation.greedy_rewards(model, tokenizer, prompts, fns,
                                    max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
                                    shared_prefill=shared, drop_ended=shared)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -292,9 +293,10 @@ def trl_part(steps: int, pairs: int,
     import chunked_logp
     env = chunked_logp.ALLOCATORS["default_allocator"]
     found = {arm: [] for arm in arms}
-    plain_patch = ("import rollout; plain = rollout.generate_rollouts; "
+    plain_patch = ("import rollout; from infra import generation; "
+                   "plain = rollout.generate_rollouts; "
                    "rollout.generate_rollouts = lambda *a, **k: plain(*a, **{**k, 'sampler': "
-                   "rollout.recording_sampler(shared_prefill=False)}); ")     # smollm2 records
+                   "generation.recording_sampler(shared_prefill=False)}); ")     # smollm2 records
     with tempfile.TemporaryDirectory() as folder:
         for i in range(pairs):
             order = list(found) if i % 2 == 0 else list(reversed(found))

@@ -121,6 +121,7 @@ def batch_of(name: str, model, tokenizer, task, cfg, seed: int = 0) -> list:
     """The rollouts of BATCHES[name]: generated at the run's settings, all of them or B drawn."""
     import rollout
     from buffer import ReplayBuffer
+    from infra import generation
     setting = BATCHES[name]
     model.eval()
     torch.manual_seed(seed)
@@ -131,7 +132,7 @@ def batch_of(name: str, model, tokenizer, task, cfg, seed: int = 0) -> list:
             model, tokenizer, prompts, task.reward, num_generations=setting["generations"],
             max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
             temperature=cfg.temperature, policy_version=0,
-            sampler=rollout.recording_sampler(shared_prefill=False))
+            sampler=generation.recording_sampler(shared_prefill=False))
     # advantages of both signs: a gradient whatever the rewards were
     rollouts = [dataclasses.replace(r, advantage=(i % 3) - 1.0) for i, r in enumerate(rollouts)]
     if setting["drawn"]:

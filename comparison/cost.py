@@ -45,6 +45,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]     # the project's modu
 
 from infra import cli  # noqa: E402
 from infra import distributed  # noqa: E402
+from infra.generation import recording_sampler  # noqa: E402
 from infra import loading  # noqa: E402
 import rollout  # noqa: E402
 from bench import timer  # noqa: E402  (benchmarks/bench.py)
@@ -167,7 +168,7 @@ def main(argv=None) -> dict:
         rollouts, stats = rollout.generate_rollouts(
             model, tokenizer, prompts, task.reward, num_generations=G, max_new_tokens=max_new,
             temperature=cfg.temperature, policy_version=0,
-            sampler=rollout.recording_sampler(fast=fast if mode == "fast" else None))
+            sampler=recording_sampler(fast=fast if mode == "fast" else None))
         if len(rollouts) >= len(pool):
             pool[:] = rollouts
         return stats["new_tokens"] / R

@@ -212,7 +212,7 @@ def held_out_accuracy(path: str, task: Task, n: int = 500) -> float:
     """Greedy accuracy of the model folder ``path`` on the task's first ``n`` held-out prompts."""
     from transformers import AutoModelForCausalLM
 
-    from rollout import greedy_accuracy
+    from infra.generation import greedy_accuracy
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     return greedy_accuracy(model, char_tokenizer(), task.eval_prompts[:n], task.reward,
                            max_new_tokens=task.max_new_tokens)

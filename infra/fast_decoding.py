@@ -1,7 +1,7 @@
 """Faster ``generate`` on a GPU for a whole run (``--fast-generation``): engineering, not the method.
 
-Pass a FastDecoding as ``fast=`` to rollout.recording_sampler; it samples the same tokens. With the
-shared prefill (rollout.prefill_once, the default) its static cache takes the prompts' rows, each
+Pass a FastDecoding as ``fast=`` to generation.recording_sampler; it samples the same tokens. With the
+shared prefill (generation.prefill_once, the default) its static cache takes the prompts' rows, each
 repeated G times, and the compiled decode steps run from there; the prefill stays eager either way.
 """
 from __future__ import annotations

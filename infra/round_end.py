@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 
-import rollout
-from infra import checkpoint, cli, distributed, loading, report, runfolder
+from infra import checkpoint, cli, distributed, generation, loading, report, runfolder
 
 
 def held_out_eval(run) -> float:
@@ -23,7 +22,7 @@ def held_out_eval(run) -> float:
     with run.pause_workers():           # async: nothing generated while the clock stands
         # cut short outside a round (async): nothing of it kept
         with run.stop.abortable(state), report.timed(state, "eval"):
-            means = dict.fromkeys(fns, 0.0) if not mine else rollout.greedy_rewards(
+            means = dict.fromkeys(fns, 0.0) if not mine else generation.greedy_rewards(
                 run.model, run.tokenizer, mine, fns, max_new_tokens=limit)
         run.mode_for_steps()            # back to the mode the steps run in (train.Run)
         scores = report.count_eval(state, means, len(mine), run.reward_fn.errors - errors_before)

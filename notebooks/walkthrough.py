@@ -62,7 +62,7 @@ import torch
 from infra import demo_model
 import tasks
 from infra.policy import load_policy
-from rollout import greedy_accuracy
+from infra.generation import greedy_accuracy
 
 task = tasks.addition_task(2)
 prompt = task.train_prompts[0]

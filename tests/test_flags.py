@@ -385,8 +385,7 @@ def test_a_compare_flag_reaches_the_summary_or_the_runs_or_is_refused(dest, worl
 
 @pytest.mark.parametrize("dest", sorted(EVALUATE_FLAGS))
 def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, monkeypatch):
-    from infra import checkpoint
-    import rollout
+    from infra import checkpoint, generation
     assert dest in EVALUATE, f"evaluate.py {dest}: no line in EVALUATE (tests/test_flags.py); add one"
 
     def load_model(cfg, task, device, rank):
@@ -394,7 +393,7 @@ def test_an_evaluate_flag_reaches_eval_json_or_is_refused(dest, world, capsys, m
         return types.SimpleNamespace(eval=lambda: None), None, task
     monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(checkpoint, "load_adapter", lambda model, folder: None)
-    monkeypatch.setattr(rollout, "greedy_rewards", lambda model, tok, prompts, fns, **k: dict.fromkeys(fns, 0.5))
+    monkeypatch.setattr(generation, "greedy_rewards", lambda model, tok, prompts, fns, **k: dict.fromkeys(fns, 0.5))
     monkeypatch.setattr(evaluate, "sampled_rewards", lambda model, tok, prompts, reward, *, n, **k:
                         [[1.0] + [0.0] * (n - 1) for _ in prompts])
     for text, check in EVALUATE[dest]:

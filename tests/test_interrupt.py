@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from infra import checkpoint, engineered_update
+from infra import generation
 import rollout
 import train
 import replay_rl
@@ -56,8 +57,8 @@ def signal_on_call(monkeypatch, module, name, call):
 # (what is interrupted, the function running then, its call, the checkpoint left): evals run at
 # step 0 and after each round; generate_rollouts once a round; the step twice a round. Whatever
 # is cut short in round 2, the run is saved as round 2 began: checkpoint-1
-WHERE = [("the step-0 eval", rollout, "greedy_rewards", 1, "checkpoint-0"),
-         ("round 2's eval", rollout, "greedy_rewards", 3, "checkpoint-1"),
+WHERE = [("the step-0 eval", generation, "greedy_rewards", 1, "checkpoint-0"),
+         ("round 2's eval", generation, "greedy_rewards", 3, "checkpoint-1"),
          ("round 2's generation", rollout, "generate_rollouts", 2, "checkpoint-1"),
          ("round 2's first step", replay_rl, "update_step", 3, "checkpoint-1")]
 

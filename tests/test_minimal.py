@@ -14,6 +14,7 @@ import buffer
 import minimal
 import replay_rl
 import rollout
+from infra import generation
 from infra.engineered_update import update_step_engineered
 from infra.policy import load_policy
 
@@ -86,7 +87,7 @@ def test_log_mu_equals_the_recorders_on_the_same_samples(demo, addition):
     recorded, _ = rollout.generate_rollouts(model, tokenizer, minimal.TRAIN_PROMPTS[:4],
                                             addition.reward, num_generations=4,
                                             max_new_tokens=minimal.MAX_NEW_TOKENS,
-                                            policy_version=0, sampler=rollout.recording_sampler())
+                                            policy_version=0, sampler=generation.recording_sampler())
     batch = minimal.collate([minimal.Rollout(r.prompt_ids, r.completion_ids, r.behaviour_logp,
                                              r.reward, r.advantage, 0, r.temperature)
                              for r in recorded],

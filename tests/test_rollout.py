@@ -8,7 +8,8 @@ import torch
 from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
-from rollout import end_token_ids, generate_rollouts, group_advantages, recording_sampler
+from rollout import end_token_ids, generate_rollouts, group_advantages
+from infra.generation import recording_sampler
 
 
 def test_group_advantages_by_hand():
@@ -149,7 +150,7 @@ def test_a_checkpoints_own_generation_settings_do_not_leak_into_sampling(tiny_pa
 
 def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
     """--fast-generation: the same tokens and behaviour log-probs as plain generate under one seed,
-    its static cache filled by the shared prefill (rollout.prefill_once), with the decode step compiled (dynamo with the eager backend: the graph capture CUDA runs,
+    its static cache filled by the shared prefill (generation.prefill_once), with the decode step compiled (dynamo with the eager backend: the graph capture CUDA runs,
     without a compiler), after an update (the compiled step must see the new LoRA weights), and
     one cache kept across rounds of the same shape."""
     from transformers import CompileConfig
@@ -188,7 +189,7 @@ def test_fast_decoding_samples_what_plain_generate_samples(tiny_path):
 def test_behaviour_logprobs_by_hand_and_an_extra_step_dropped():
     """BehaviourLogProbs: the log-prob of each sampled token under the step's logits, gathered one call
     late; a decode step that generate runs past the returned tokens (MPS) does not shift or add any."""
-    from rollout import BehaviourLogProbs
+    from infra.generation import BehaviourLogProbs
 
     torch.manual_seed(0)
     scores = torch.randn(4, 2, 6)                       # steps x batch x vocab
@@ -235,7 +236,7 @@ def forward_shapes(model):
 
 
 def test_each_prompt_is_prefilled_once_and_samples_what_plain_generate_samples(policy, addition):
-    """rollout.prefill_once: the prefix every prompt shares runs once (batch 1), each prompt's rest
+    """generation.prefill_once: the prefix every prompt shares runs once (batch 1), each prompt's rest
     once (P rows, left-padded after the prefix), and only the last column runs for the P x G rows;
     the same completions as generate given G copies of each prompt, under one seed, and the same
     behaviour log-probs, which equal a teacher-forced forward within 1e-5 (rho = 1 on fresh data)."""
@@ -287,7 +288,7 @@ def test_one_prompt_is_prefilled_once_for_its_group_and_pad_may_be_eos(policy, a
 def test_greedy_evals_on_a_shared_prefix_give_plain_generates_completions(policy):
     """greedy_rewards (train.py's eval): the prompts' shared first tokens run once, every prompt in
     one batch; the same greedy completions as plain generate."""
-    from rollout import greedy_rewards
+    from infra.generation import greedy_rewards
 
     model, tokenizer = policy
     prompts = [f"3{a}+{b}=" for a in range(10) for b in (1, 22, 333)]     # "3" shared; 3 lengths
@@ -303,11 +304,12 @@ def test_greedy_evals_on_a_shared_prefix_give_plain_generates_completions(policy
 
 
 def test_greedy_completions_drop_the_rows_that_ended_and_match_generate(policy):
-    """rollout.greedy_completions: a row that holds an end token leaves the batch (and the KV
+    """generation.greedy_completions: a row that holds an end token leaves the batch (and the KV
     cache) at the next run of generate; the same completions as one generate call of all rows."""
     from transformers import GenerationConfig
 
-    from rollout import end_token_ids, greedy_completions
+    from rollout import end_token_ids
+    from infra.generation import greedy_completions
 
     model, tokenizer = policy
     prompts = ["1+2=", "45+67=", "9+99=", "80+0=", "3+4=", "99+99="]       # replies of 1-3 digits

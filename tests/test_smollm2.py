@@ -18,7 +18,8 @@ from buffer import collate
 from replay_rl import completion_logp
 from infra.policy import load_policy
 from infra.engineered_update import update_step_engineered
-from rollout import end_token_ids, generate_rollouts, recording_sampler
+from rollout import end_token_ids, generate_rollouts
+from infra.generation import recording_sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IM_END = "<|im_end|>"
@@ -90,7 +91,7 @@ def test_a_round_of_rollouts_with_the_chat_template_has_exact_behaviour_logprobs
 
 
 def test_each_prompt_prefilled_once_on_the_chat_template_is_as_exact_as_plain_generate(smollm2):
-    """rollout.prefill_once on the real chat template: the system prompt that every prompt starts
+    """generation.prefill_once on the real chat template: the system prompt that every prompt starts
     with runs once, each prompt's rest once for its G samples; under one seed the same completions
     as generate given G copies of each prompt, and each path's log mu against a teacher-forced
     forward (fp32): per token within 5e-5 (the plain path's own rounding: 2.6e-5 measured), rho's

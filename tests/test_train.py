@@ -127,9 +127,9 @@ def test_tiny_model_learns_and_adapter_reloads(tmp_path, tiny_path, addition):
     from infra.demo_model import char_tokenizer
     with torch.no_grad():
         assert not torch.allclose(reloaded(ids).logits, plain(ids).logits, atol=1e-4)   # the adapter changed it
-        acc = __import__("rollout").greedy_accuracy(reloaded, char_tokenizer(),
-                                                    addition.eval_prompts[:200], addition.reward,
-                                                    max_new_tokens=addition.max_new_tokens)
+        from infra.generation import greedy_accuracy
+        acc = greedy_accuracy(reloaded, char_tokenizer(), addition.eval_prompts[:200],
+                              addition.reward, max_new_tokens=addition.max_new_tokens)
     assert acc == pytest.approx(result["final_accuracy"], abs=0.01)
 
 
@@ -195,7 +195,7 @@ def test_fast_generation_flag_trains_on_the_same_samples(tmp_path, tiny_path, ca
 def test_record_log_mu_samples_by_the_recorder_and_trains_on_the_same_samples(tmp_path, tiny_path,
                                                                               monkeypatch):
     """By default train.py samples by the method's path (no sampler: generate_completions, then
-    forward_log_mu); --record-log-mu by rollout.generate_recorded (the recorder, each prompt
+    forward_log_mu); --record-log-mu by generation.generate_recorded (the recorder, each prompt
     prefilled once). Under one seed both train on the same samples: the same metrics."""
     import rollout
     asked, plain = [], rollout.generate_rollouts

@@ -17,7 +17,9 @@ from buffer import (ReplayBuffer, ReplayBufferWithVariants, Rollout, buffer_stat
 import replay_rl
 import rollout
 from replay_rl import advantage_term, completion_logp, policy_loss, update_step
-from rollout import PLAIN_SAMPLING, BehaviourLogProbs, generate_rollouts
+from rollout import PLAIN_SAMPLING, generate_rollouts
+from infra import generation
+from infra.generation import BehaviourLogProbs
 
 
 @pytest.fixture
@@ -269,7 +271,7 @@ def test_issue61_trap5_sampling_with_active_dropout_is_refused(policy, addition)
     attention = next(m for m in model.modules() if hasattr(m, "attention_dropout"))
     attention.attention_dropout = 0.3
     model.train()
-    for sampler in (rollout.recording_sampler(), None):     # with the recorder, and without it
+    for sampler in (generation.recording_sampler(), None):     # with the recorder, and without it
         with pytest.raises(ValueError, match="training mode with active dropout .*: 0.3"):
             generate_rollouts(model, tokenizer, ["12+34="], addition.reward, num_generations=2,
                               max_new_tokens=3, temperature=1.0, policy_version=0, sampler=sampler)
@@ -429,7 +431,7 @@ def test_review_trap_dropout_a_layer_applies_itself_is_found_turned_off_and_refu
     with pytest.raises(ValueError, match=r"active dropout \(.*dropout: 0.1\)"):
         rollout.refuse_active_dropout(model)
     with pytest.raises(ValueError, match="active dropout"):
-        rollout.greedy_rewards(model, None, ["1+1="], {"r": lambda c, p: 0.0}, max_new_tokens=2)
+        generation.greedy_rewards(model, None, ["1+1="], {"r": lambda c, p: 0.0}, max_new_tokens=2)
     ids = torch.arange(1, 9).unsqueeze(0)
     outputs = {model(ids).logits.sum().item() for _ in range(2)}
     assert len(outputs) == 2                    # in training mode two forwards differ: dropout acts
@@ -732,7 +734,7 @@ def test_reader7_the_greedy_evals_ignore_a_models_own_penalties(policy, addition
     found = {}
     for penalty in (None, 3.0):
         model.generation_config.repetition_penalty = penalty
-        found[penalty] = (rollout.greedy_accuracy(model, tokenizer, prompts, addition.reward,
+        found[penalty] = (generation.greedy_accuracy(model, tokenizer, prompts, addition.reward,
                                                   max_new_tokens=addition.max_new_tokens),
                           minimal.evaluate(model, tokenizer, prompts, addition.reward,
                                            addition.max_new_tokens))
