@@ -32,7 +32,8 @@ K and S count as in the synchronous loop: no step before the buffer holds B; the
 each round that arrives (S = 0), or K steps for every S rollouts stored (S > 0). Two things
 differ, because the workers sample while the trainer steps. Every round that arrives is stored
 whole, and the count of stored rollouts carries over (the synchronous loop stores just the S it
-needs and drops the rest of the round). And a stored rollout may be of an older policy than the
+needs and drops the rest of the round): with R > S a round here makes K * R / S steps due, there
+K. And a stored rollout may be of an older policy than the
 trainer's. --learning-starts is the synchronous loop's only. The flags of this loop alone:
   --generators n, --generator-devices, --sync-every, --worker-timeout: the workers, their devices,
     how often the trainer publishes its weights, how long a silent worker may take;
@@ -136,8 +137,8 @@ def store(run, rollouts: list[Rollout], figures: dict) -> int:
     if cfg.step_when_held:          # one now (a trainer slower than the workers, always finding a
         return int(held)            # round arrived, still steps); the rest in passes with none
     if not held:                    # no step before the buffer holds B, as in the synchronous
-        state.idle_rounds += 1      # loop; what fills it does not count toward S
-        return 0
+        state.idle_rounds += 1      # loop; rounds stored before then do not count toward S (the
+        return 0                    # one that brings it to B counts whole)
     if cfg.new_per_update:                          # K for every S stored
         state.new_since_step += stored
         due, state.new_since_step = divmod(state.new_since_step, cfg.new_per_update)

@@ -149,8 +149,10 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
     So store each rollout trimmed: the prompt's own tokens, and the completion up to and
     including its first end token.
     """
-    if any(len(r.prompt_ids) and pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1]))
-           for r in rollouts):
+    if any(len(r.prompt_ids) == 0 for r in rollouts):
+        raise ValueError("a rollout with an empty prompt: its first completion token has no "
+                         "position before it to be scored from (begin each prompt with a BOS)")
+    if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
         raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
                          "each prompt unpadded (not a row of a padded batch), else the pads are "
                          "read as prompt tokens and log pi_theta no longer matches log mu")
@@ -228,9 +230,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
       keep_correct_frac = delta > 0   positive-bias retention (the paper's). When the buffer is
                               full, it keeps the freshest (1 - delta) * N rollouts, at least those
                               of the latest add. The other slots go to the freshest *correct*
-                              older ones (reward >= correct_reward, by default 1.0, a task's full
-                              reward), then to the freshest other older ones. So the buffer stays
-                              full.
+                              older ones (reward >= correct_reward, which it requires: the reward
+                              of a correct rollout on the task's scale, 1.0 for a 0/1 reward),
+                              then to the freshest other older ones. So the buffer stays full.
       skip_zero_advantage     never store rollouts of advantage 0 (their group's rewards were all
                               equal). This is right only for losses that get no gradient from
                               them, so it needs the loss named (loss_type, beta; see
@@ -246,7 +248,8 @@ class ReplayBufferWithVariants(ReplayBuffer):
 
     def __init__(self, capacity: int, seed: int | None = None, *, max_age: int | None = None,
                  keep_correct_frac: float = 0.0, skip_zero_advantage: bool = False,
-                 loss_type: str | None = None, beta: float = 0.0, correct_reward: float = 1.0):
+                 loss_type: str | None = None, beta: float = 0.0,
+                 correct_reward: float | None = None):
         super().__init__(capacity, seed)
         if skip_zero_advantage and not zero_advantage_filter_fits(loss_type, beta):
             raise ValueError(f"skip_zero_advantage with loss_type {loss_type!r}, beta {beta}: "
@@ -258,6 +261,9 @@ class ReplayBufferWithVariants(ReplayBuffer):
                              "one step after it was generated (no reuse at all)")
         if not 0 <= keep_correct_frac < 1:
             raise ValueError(f"keep_correct_frac must be in [0, 1), got {keep_correct_frac}")
+        if keep_correct_frac and correct_reward is None:    # a default would fit one scale only
+            raise ValueError("keep_correct_frac needs correct_reward: the reward a correct rollout "
+                             "gets on your task's scale (1.0 for a 0/1 reward)")
         self.max_age, self.keep_correct_frac = max_age, keep_correct_frac
         self.skip_zero_advantage, self.correct_reward = skip_zero_advantage, correct_reward
         self.newest = 0                             # how many the latest add stored

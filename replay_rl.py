@@ -132,7 +132,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
         per_token = -torch.minimum(rho * term, rho.clamp(1 - epsilon, 1 + epsilon) * term)
     else:                                                         # asymre: no ratio at all
         per_token = -term * logp
-    loss, kl = masked_mean(per_token, mask, normalization, num_items_in_batch), None
+    loss = masked_mean(per_token, mask, normalization, num_items_in_batch)
+    kl = None
     if beta > 0:
         d = torch.where(real, ref_logp, 0.0) - logp
         kl = masked_mean(torch.exp(d) - d - 1, mask, normalization, num_items_in_batch)

@@ -73,32 +73,38 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     set (suppressed tokens, ...) is refused. So is active dropout in training mode.
     sampler (engineering; None: the method above): a function that gives the same completions with
     log mu recorded while generate samples, with no forward after: (model, tokenizer, prompts, G,
-    *, max_new_tokens, temperature) -> (prompt_ids, completions, eos_ids, log_mu, mu_entropy).
-    infra/generation.py's recording_sampler(...) makes it (generate_recorded); train.py passes one
-    with --record-log-mu."""
+    *, max_new_tokens, temperature) -> (prompt_ids, completions, group, eos_ids, log_mu,
+    mu_entropy), group: [P * G], the prompt each row answers, as generate_completions returns it
+    (so rows may come in any order; each prompt must have G). infra/generation.py's
+    recording_sampler(...) makes one (generate_recorded); train.py passes one with --record-log-mu.
+    """
     G = num_generations
     if sampler is None:         # the method, minimal.py's way: generate, then one no-grad forward
-        prompt_ids, completions, eos_ids = generate_completions(
+        prompt_ids, completions, group, eos_ids, pad_id = generate_completions(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
-        _, pad_id = end_token_ids(model, tokenizer)         # the pad id generate padded with
         log_mu, mu_entropy = forward_log_mu(
-            model, [prompt_ids[i // G] for i in range(len(completions))], completions, lengths,
+            model, [prompt_ids[p] for p in group.tolist()], completions, lengths,
             pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
     else:                       # engineering: the same samples, log mu recorded while sampling
-        prompt_ids, completions, eos_ids, log_mu, mu_entropy = sampler(
+        prompt_ids, completions, group, eos_ids, log_mu, mu_entropy = sampler(
             model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
         lengths, ended = completion_lengths(completions, eos_ids)
+    if not (len(group) == len(completions)
+            and torch.bincount(group, minlength=len(prompts)).tolist() == [G] * len(prompts)):
+        raise ValueError(f"group must name each row's prompt, G = {G} rows for each of the "
+                         f"{len(prompts)} prompts: got {group.tolist()}")
+    answers = group.tolist()                                # row i answers prompt answers[i]
     kept = lengths.tolist()                                         # tokens kept of each completion
     mask = torch.arange(completions.shape[1])[None, :] < lengths[:, None]
     # decode() on plain lists: on tensor slices it spends longer converting them than decoding.
     texts = [tokenizer.decode(row[:k], skip_special_tokens=True)
              for row, k in zip(completions.tolist(), kept)]
-    rewards = torch.tensor([float(reward_fn(prompts[i // G], texts[i])) for i in range(len(texts))])
+    rewards = torch.tensor([float(reward_fn(prompts[p], text)) for p, text in zip(answers, texts)])
     if not torch.isfinite(rewards).all():   # a NaN A would skip every step that draws its group
         bad = rewards[~torch.isfinite(rewards)][0].item()
         raise ValueError(f"reward_fn returned {bad} for a completion: rewards must be finite")
-    advantages = group_advantages(rewards, torch.arange(len(texts)) // G)   # i answers i // G
+    advantages = group_advantages(rewards, group)
     if not advantages.any():
         warnings.warn(f"every group of this round had equal rewards (G = {G}): A = 0 for all, "
                       "so tis and ppo get no gradient from it"
@@ -107,15 +113,17 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     # are made here, outside generate_completions' inference_mode (prompt_ids cloned), so they are
     # ordinary tensors: a caller may modify them or use them in autograd.
     completion_ids, behaviour_logp = completions[mask].split(kept), log_mu[mask].split(kept)
-    baselines = rewards.view(-1, G).mean(1).tolist()   # prompt-major, as generate made them
-    rollouts = [Rollout(prompt_ids=prompt_ids[i // G].clone(), completion_ids=completion_ids[i],
+    baselines = (torch.zeros(len(prompts)).index_add_(0, group, rewards) / G).tolist()  # V
+    rollouts = [Rollout(prompt_ids=prompt_ids[p].clone(), completion_ids=completion_ids[i],
                         behaviour_logp=behaviour_logp[i], reward=reward, advantage=advantage,
-                        policy_version=policy_version, baseline=baselines[i // G],
+                        policy_version=policy_version, baseline=baselines[p],
                         temperature=temperature)
-                for i, (reward, advantage) in enumerate(zip(rewards.tolist(), advantages.tolist()))]
+                for i, (p, reward, advantage) in enumerate(zip(answers, rewards.tolist(),
+                                                                advantages.tolist()))]
+    taught = torch.zeros(len(prompts)).index_add_(0, group, (advantages != 0).float()) > 0
     figures = {"completions": texts, "reward": rewards.mean().item(),
              "new_tokens": int(lengths.sum()),
-             "zero_adv_frac": (advantages.view(-1, G) == 0).all(1).float().mean().item(),
+             "zero_adv_frac": 1 - taught.float().mean().item(),     # groups with A = 0 for all
              "rollout_entropy": torch.where(mask, mu_entropy, 0.0).sum().item()        # mu's
                                 / mask.sum().item(),
              # metrics.jsonl's keys: the mean length, and the part cut at max_new_tokens (not at C)
@@ -128,9 +136,10 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
 def generate_completions(model, tokenizer, prompts: list[str], G: int, *,
                          max_new_tokens: int, temperature: float):
     """G samples of each prompt, drawn from softmax(z_t / T) alone, with generate. Returns the
-    prompts' ids (unpadded, one tensor each), the completions [P * G, max_len] on the CPU (prompt
-    p's G samples in rows p*G to p*G + G - 1; generate pads each after its end) and the end token
-    ids. Prompts are left-padded, so every completion starts at the same column.
+    prompts' ids (unpadded, one tensor each), the completions [P * G, max_len] on the CPU (generate
+    pads each after its end), group [P * G], the prompt each row answers (prompt p's G samples are
+    rows p*G to p*G + G - 1: group = row // G), the end token ids and the pad id generate padded
+    with. Prompts are left-padded, so every completion starts at the same column.
     Every setting of generate that would change the distribution is passed at its plain value
     (PLAIN_SAMPLING), so the model's own generation_config cannot fill it in. A setting that
     cannot be overridden is refused, and so is active dropout in training mode.
@@ -147,7 +156,8 @@ def generate_completions(model, tokenizer, prompts: list[str], G: int, *,
     sequences = model.generate(input_ids=enc.input_ids.repeat_interleave(G, 0).to(device),
                                attention_mask=enc.attention_mask.repeat_interleave(G, 0).to(device),
                                generation_config=gen_config)            # [P * G, prompt + new]
-    return prompt_ids, sequences[:, enc.input_ids.shape[1]:].cpu(), eos_ids
+    group = torch.arange(len(sequences)) // G                          # row i answers i // G
+    return prompt_ids, sequences[:, enc.input_ids.shape[1]:].cpu(), group, eos_ids, pad_id
 
 
 def left_padded(tokenizer, prompts: list[str]):

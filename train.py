@@ -247,7 +247,7 @@ def sample_batch(run: Run, max_uses: int | None = None) -> list | None:
     held = len(run.buffer)
     sampled = run.buffer.sample(run.b_here, remove=not cfg.reuse, max_uses=max_uses,
                                 current_version=state.step)
-    state.retired_at_cap += held - len(run.buffer) if max_uses else 0
+    state.retired_at_cap += (held - len(run.buffer)) if max_uses else 0
     return sampled
 
 
@@ -324,7 +324,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     buffer = ReplayBufferWithVariants(
         distributed.share_size(cfg.buffer_size), seed=cfg.seed + rank, max_age=cfg.max_age or None,
         keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage,
-        loss_type=cfg.loss, beta=cfg.beta)
+        loss_type=cfg.loss, beta=cfg.beta, correct_reward=1.0)    # --keep-correct-frac's help
     reward_fn = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     report.start(cfg, task, world)
     fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \

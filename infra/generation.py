@@ -46,7 +46,9 @@ def generate_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_t
                       temperature: float, fast=None, shared_prefill: bool = True):
     """generate_completions' samples, and log mu and mu's entropy of each token, [P * G, max_len]
     each, recorded while generate samples (BehaviourLogProbs), with no forward after. Returns
-    generate_completions' three and those two. Engineering that gives the same samples faster:
+    (prompt_ids, completions, group, eos_ids, log_mu, mu_entropy), the first four as
+    generate_completions returns them (rows prompt-major: group = row // G). Engineering that
+    gives the same samples faster:
       - shared_prefill=True: prefill_once builds the prompts' cache, each prompt token through the
         model once, not G times (tested: the same tokens);
       - fast: infra/fast_decoding.py's FastDecoding, a static KV cache kept for the run on a GPU.
@@ -74,7 +76,8 @@ def generate_recorded(model, tokenizer, prompts: list[str], G: int, *, max_new_t
     log_mu, mu_entropy = recorder.finish(completions)
     # what follows is per-rollout bookkeeping on small tensors: one copy to the CPU now, since
     # per-rollout indexing, .item() and .cpu() on a GPU would each wait for the device
-    return prompt_ids, completions.cpu(), eos_ids, log_mu.cpu(), mu_entropy.cpu()
+    group = torch.arange(len(completions)) // G                          # row i answers i // G
+    return prompt_ids, completions.cpu(), group, eos_ids, log_mu.cpu(), mu_entropy.cpu()
 
 
 class BehaviourLogProbs(LogitsProcessor):

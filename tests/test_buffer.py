@@ -123,7 +123,7 @@ def test_collate_pads_prompts_left_and_completions_right():
 
 
 def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
-    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3, correct_reward=1.0)
     buf.add([make(i) for i in range(10)])        # make(i).reward = i % 2: odd ids are correct
     buf.add([make(10), make(11), make(12)])
     # freshest (1 - 0.3) * 10 = 7: ids 6..12; plus the freshest 3 correct among ids 0..5: 1, 3, 5
@@ -134,7 +134,7 @@ def test_positive_bias_retention_keeps_fresh_plus_freshest_correct():
 
 
 def test_positive_bias_retention_stays_full_when_correct_rollouts_are_few():
-    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5, correct_reward=1.0)
     rollouts = [make(i) for i in range(10)]
     for r in rollouts:
         r.reward = float(r.prompt_ids[0] == 102)     # only id 2 is correct
@@ -145,7 +145,7 @@ def test_positive_bias_retention_stays_full_when_correct_rollouts_are_few():
 
 
 def test_positive_bias_retention_never_evicts_a_fresh_rollout_unused():
-    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5)
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.5, correct_reward=1.0)
     buf.add([make(i) for i in range(10)])
     buf.add([make(i) for i in range(10, 18)])        # 8 new > (1 - 0.5) * 10: all 8 stay
     # 2 slots left: the freshest correct among 0..9: 7 and 9
@@ -209,7 +209,8 @@ def test_rollouts_keep_their_sampling_temperature_through_a_checkpoint():
 def test_every_rollout_that_leaves_is_counted_once_by_its_uses():
     """left_by_uses counts the rollouts evicted (FIFO and positive-bias), dropped as stale and
     taken with remove, each once, by the uses it had: with the ones still held, every stored one."""
-    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3, max_age=2, seed=0)   # the draw below
+    buf = ReplayBufferWithVariants(capacity=10, keep_correct_frac=0.3, max_age=2, seed=0,
+                                   correct_reward=1.0)   # the draw below
     buf.add([make(i) for i in range(10)])
     buf.sample(4, current_version=0)                       # 4 of ids 0..9 used once
     used = set(ids(r for r in buf.items if r.uses))

@@ -91,6 +91,41 @@ def test_log_mu_by_a_forward_after_generate_equals_the_recorders(policy, additio
     assert fwd_stats["rollout_entropy"] == pytest.approx(rec_stats["rollout_entropy"], abs=1e-5)
 
 
+def test_a_sampler_may_return_its_rows_in_any_order_with_their_group(policy, addition):
+    """generate_rollouts reads which prompt each row answers from the sampler's group, not from the
+    row's place (a reader's vLLM-like sampler returned its rows sample-major: every reward, A, V
+    and prompt went to the wrong prompt). The same rows shuffled, with their group: the same
+    rollouts, in the shuffled order. A group that does not give each prompt G rows: refused."""
+    model, tokenizer = policy
+    prompts = ["1+2=", "45+67=", "9+99="]
+
+    def shuffled(order, group_of=None):
+        def sampler(*args, **kwargs):
+            ids, completions, group, eos_ids, log_mu, entropy = recording_sampler()(*args, **kwargs)
+            return (ids, completions[order], (group_of if group_of is not None else group[order]),
+                    eos_ids, log_mu[order], entropy[order])
+        return sampler
+
+    order = torch.tensor([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])       # sample-major
+    runs = []
+    for sampler in (recording_sampler(), shuffled(order)):
+        torch.manual_seed(5)
+        runs.append(generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                                      max_new_tokens=5, temperature=1.0, policy_version=0,
+                                      sampler=sampler)[0])
+    plain, reordered = runs
+    assert len({r.reward for r in plain}) > 1                  # rewards that differ: a real check
+    for i, j in enumerate(order.tolist()):
+        a, b = reordered[i], plain[j]
+        assert torch.equal(a.prompt_ids, b.prompt_ids) and torch.equal(a.completion_ids,
+                                                                         b.completion_ids)
+        assert (a.reward, a.advantage, a.baseline) == (b.reward, b.advantage, b.baseline)
+    with pytest.raises(ValueError, match="G = 4 rows for each of the 3 prompts"):
+        generate_rollouts(model, tokenizer, prompts, addition.reward, num_generations=4,
+                          max_new_tokens=5, temperature=1.0, policy_version=0,
+                          sampler=shuffled(torch.arange(12), torch.zeros(12, dtype=torch.long)))
+
+
 def test_completion_mask_includes_eos_and_excludes_padding(policy, addition):
     model, tokenizer = policy
     tokenizer = copy.deepcopy(tokenizer)

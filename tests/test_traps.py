@@ -131,6 +131,17 @@ def hand_built(reward, **fields):
                    policy_version=0, **fields)
 
 
+def test_collate_refuses_an_empty_prompt_before_completion_logp_misreads_it():
+    """A rollout with no prompt tokens: collate passed it, and completion_logp then refused
+    collate's own columns ("build them with collate"). The first completion token has no position
+    before it to be scored from: collate refuses it, naming why."""
+    empty = dataclasses.replace(hand_built(1.0, baseline=0.5, temperature=1.0),
+                                prompt_ids=torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match="an empty prompt"):
+        collate([empty], 0, eos_ids=[1])
+    collate([hand_built(1.0, baseline=0.5, temperature=1.0)], 0, eos_ids=[1])   # the same, with one
+
+
 def test_trap4_a_rollout_has_no_silent_baseline():
     """AsymRE weighs log pi by r - (V - tau), V the baseline. A Rollout whose baseline defaulted
     to 0 passed the loss's guard: rewards 1 and 0 gave coefficients [1.1, 0.1], not [0.6, -0.4].
@@ -241,8 +252,11 @@ def test_issue61_trap2_a_rollout_is_equal_to_itself_only():
 
 def test_issue61_trap3_correct_means_the_full_reward_not_above_zero():
     """Positive-bias retention ranked reward > 0 as correct: two older rollouts rewarded 0.1 were
-    kept and the one rewarded 1.0 evicted. Correct is now reward >= correct_reward (1.0)."""
-    buf = ReplayBufferWithVariants(4, keep_correct_frac=0.5, seed=0)
+    kept and the one rewarded 1.0 evicted. Correct is now reward >= correct_reward, which the
+    buffer requires (a default of 1.0 made rewards on another scale silently FIFO)."""
+    with pytest.raises(ValueError, match="keep_correct_frac needs correct_reward"):
+        ReplayBufferWithVariants(4, keep_correct_frac=0.5)  # a default fit only a 0/1 reward
+    buf = ReplayBufferWithVariants(4, keep_correct_frac=0.5, seed=0, correct_reward=1.0)
     right, *rest = [hand_built(r, baseline=0.5, temperature=1.0) for r in (1.0, 0.1, 0.1, 0.0)]
     buf.add([right, *rest])
     buf.add([hand_built(0.0, baseline=0.5, temperature=1.0) for _ in range(2)])
