@@ -81,12 +81,13 @@ def train_async(run, sample_batch, take_step) -> None:
         while (not budget_spent(run) or workers.outstanding) and not run.stop.requested():
             order_rounds(run, workers)              # what room there is (one_step orders too)
             arrived = workers.take_round(wait=False)            # a round that arrived, or None
-            if (arrived is None and cfg.step_when_held
-                    and one_step(run, workers, sample_batch, take_step)):
-                continue                            # the paper's trainer: it stepped meanwhile
-            arrived = arrived or workers.take_round(wait=True)  # else: wait for the next round
-            if arrived is None:                     # a stop, asked while it waited
-                return
+            if arrived is None and cfg.step_when_held:  # the paper's trainer steps while it waits
+                if one_step(run, workers, sample_batch, take_step):
+                    continue                        # a step taken: the next pass
+            if arrived is None:
+                arrived = workers.take_round(wait=True)         # wait for the next round
+                if arrived is None:                 # a stop, asked while it waited
+                    return
             steps = store(run, *arrived)            # buffer.add; the steps it makes due
             for k in range(steps):
                 if not one_step(run, workers, sample_batch, take_step):    # too few left: the

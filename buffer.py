@@ -4,8 +4,9 @@ It imports only torch and the standard library, so it can be copied into any pro
 this order:
   - ``Rollout``: what travels from generation to the loss.
   - ``ReplayBuffer``: the paper's buffer. It adds with FIFO eviction, samples, and counts uses.
-  - ``collate``: it pads a sampled batch for the forward.
-Below them, each after a marker line, come ``ReplayBufferWithVariants`` (variants, each off by
+  - ``collate``: it pads a sampled batch for the forward (``padded_tokens``).
+Below them, each after a marker line, come collate's guards (``check_rollouts``; copy them with
+it), ``ReplayBufferWithVariants`` (variants, each off by
 default: the paper's positive-bias retention, and this project's age limit, use limit and
 zero-advantage filter) and the buffer's checkpoint form (``buffer_state``, ``load_buffer_state``).
 
@@ -149,39 +150,14 @@ def collate(rollouts: list[Rollout], pad_id: int, current_version: int | None = 
     So store each rollout trimmed: the prompt's own tokens, and the completion up to and
     including its first end token.
     """
-    if any(len(r.prompt_ids) == 0 for r in rollouts):
-        raise ValueError("a rollout with an empty prompt: its first completion token has no "
-                         "position before it to be scored from (begin each prompt with a BOS)")
-    if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
-        raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
-                         "each prompt unpadded (not a row of a padded batch), else the pads are "
-                         "read as prompt tokens and log pi_theta no longer matches log mu")
-    if any(r.behaviour_logp.shape != r.completion_ids.shape for r in rollouts):
-        raise ValueError("a rollout's behaviour_logp is not one log mu per completion token (a "
-                         "whole sequence's log-prob, as some servers return, would be spread over "
-                         "every token): store log mu(o_t) of each token")
-    if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
-        raise ValueError(f"a rollout's completion_ids end with the pad id {pad_id} twice: store "
-                         "each completion up to and including its first EOS, not a padded row")
-    # an end token anywhere but last: tokens follow the completion's end
-    before_last = torch.cat([r.completion_ids[:-1] for r in rollouts])
-    ends = torch.as_tensor(eos_ids, dtype=torch.long, device=before_last.device)
-    if torch.isin(before_last, ends).any():
-        raise ValueError("a rollout's completion has tokens after its first end token "
-                         f"(eos_ids {ends.tolist()}): store each completion up to and "
-                         "including its first end token, else what follows is trained on")
-    temperatures = {rollout.temperature for rollout in rollouts}
-    if len(temperatures) > 1:
-        raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: "
-                         "the loss takes log pi_theta at one temperature, the one they were "
-                         "sampled at")
+    temperature = check_rollouts(rollouts, pad_id, eos_ids)     # the guards, below
     cols = {**padded_tokens(rollouts, pad_id),
             "advantage": torch.tensor([rollout.advantage for rollout in rollouts],
                                       dtype=torch.float32),
             "reward": torch.tensor([rollout.reward for rollout in rollouts], dtype=torch.float32),
             "baseline": torch.tensor([rollout.baseline for rollout in rollouts],
                                      dtype=torch.float32),
-            "temperature": temperatures.pop()}
+            "temperature": temperature}
     if current_version is not None:
         age = torch.tensor([current_version - rollout.policy_version for rollout in rollouts],
                            dtype=torch.float32)
@@ -216,6 +192,40 @@ def padded_tokens(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tenso
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
             "completion_mask": attention_mask[:, prompt_len:].float(),
             "behaviour_logp": behaviour_logp}
+
+
+# ---- collate's guards ------------------------------------------------------------------------
+def check_rollouts(rollouts: list[Rollout], pad_id: int, eos_ids: list[int]) -> float:
+    """Refuses, in one line each, rollouts that collate would turn into wrong columns (its
+    docstring lists them); returns the temperature they were all sampled at."""
+    if any(len(r.prompt_ids) == 0 for r in rollouts):
+        raise ValueError("a rollout with an empty prompt: its first completion token has no "
+                         "position before it to be scored from (begin each prompt with a BOS)")
+    if any(pad_id in (int(r.prompt_ids[0]), int(r.prompt_ids[-1])) for r in rollouts):
+        raise ValueError(f"a rollout's prompt_ids begin or end with the pad id {pad_id}: store "
+                         "each prompt unpadded (not a row of a padded batch), else the pads are "
+                         "read as prompt tokens and log pi_theta no longer matches log mu")
+    if any(r.behaviour_logp.shape != r.completion_ids.shape for r in rollouts):
+        raise ValueError("a rollout's behaviour_logp is not one log mu per completion token (a "
+                         "whole sequence's log-prob, as some servers return, would be spread over "
+                         "every token): store log mu(o_t) of each token")
+    # with pad == eos one trailing pad is the EOS itself, so two mark a padded row
+    if any(r.completion_ids[-2:].tolist() == [pad_id, pad_id] for r in rollouts):
+        raise ValueError(f"a rollout's completion_ids end with the pad id {pad_id} twice: store "
+                         "each completion up to and including its first EOS, not a padded row")
+    # an end token anywhere but last: tokens follow the completion's end
+    before_last = torch.cat([r.completion_ids[:-1] for r in rollouts])
+    ends = torch.as_tensor(eos_ids, dtype=torch.long, device=before_last.device)
+    if torch.isin(before_last, ends).any():
+        raise ValueError("a rollout's completion has tokens after its first end token "
+                         f"(eos_ids {ends.tolist()}): store each completion up to and "
+                         "including its first end token, else what follows is trained on")
+    temperatures = {rollout.temperature for rollout in rollouts}
+    if len(temperatures) > 1:
+        raise ValueError(f"rollouts sampled at temperatures {sorted(temperatures)} in one batch: "
+                         "the loss takes log pi_theta at one temperature, the one they were "
+                         "sampled at")
+    return temperatures.pop()
 
 
 # ---- variants: the paper's and ours, each off by default ---------------------------------------

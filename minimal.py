@@ -98,21 +98,7 @@ class Rollout:
     uses: int = 0                   # training batches it has been in
 
 
-# ---- 1. the group advantages (sampling uses them) --------------------------------------------
-def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_floor: float = 1e-4):
-    """A = (r - mean r) / (std r + std_floor), with the mean and sample std over each group: the
-    completions of one prompt. rewards: [n]; group: [n], which prompt each completion answers (any
-    ids, any order). A group of equal rewards (or of one) gets exactly 0: it teaches nothing."""
-    advantages = torch.zeros_like(rewards)
-    for g in group.unique():
-        members = group == g
-        r = rewards[members]
-        if (r != r[0]).any():
-            advantages[members] = (r - r.mean()) / (r.std() + std_floor)
-    return advantages
-
-
-# ---- 2. sampling G completions per prompt: log mu, rewards, advantages --------------------------
+# ---- 1. generating G completions per prompt: log mu, rewards, advantages ----------------------
 def end_ids(model, tokenizer) -> list[int]:
     """The ids that end a completion: the tokenizer's EOS, and any the model's generation_config
     lists (a chat model often ends its turn with another token, e.g. Llama-3's <|eot_id|>)."""
@@ -208,6 +194,22 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                         temperature=temperature)
                 for i in range(len(texts))]
     return rollouts, {"reward": rewards.mean().item()}
+
+
+# ---- 2. the group advantages (generate_rollouts, above, calls them) -------------------------
+def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_floor: float = 1e-4):
+    """A = (r - mean r) / (std r + std_floor), with the mean and sample std over each group: the
+    completions of one prompt. rewards: [n]; group: [n], which prompt each completion answers (any
+    ids, any order). A group of equal rewards (or of one) gets exactly 0: it teaches nothing."""
+    if group.is_floating_point() or not torch.isfinite(rewards).all():
+        raise ValueError("group ids must be integers (// G, not / G) and rewards finite")
+    advantages = torch.zeros_like(rewards)
+    for g in group.unique():
+        members = group == g
+        r = rewards[members]
+        if (r != r[0]).any():
+            advantages[members] = (r - r.mean()) / (r.std() + std_floor)
+    return advantages
 
 
 # ---- 3. the replay buffer: FIFO, sampled uniformly ----------------------------------------------

@@ -170,7 +170,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalization: str = "token
     token_mean: the sum over every token of the batch, divided by the batch's tokens. The tokens
     of rollouts with A = 0 count in the denominator, though they add nothing to the sum. So when
     most of a batch's groups are all-equal, the step is several times smaller than over the other
-    tokens alone. This is GRPO's convention, and the lr absorbs it.
+    tokens alone. This is DAPO's token-level convention, and the lr absorbs it (the GRPO paper's is
+    sequence_mean).
     sequence_mean: the mean within each sequence, then over the sequences.
     num_items_in_batch: for x that is one micro-batch of a larger batch. It is that batch's tokens
     (token_mean) or sequences (sequence_mean), and it replaces this micro-batch's own divisor.

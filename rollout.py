@@ -4,6 +4,8 @@ log mu(o_t), rewards and group-normalized advantages.
 Read in this order:
   - group_advantages: A within each group (the G completions of one prompt).
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
+  - generate_with_log_mu: its samples and their log mu, the method's way (minimal.py's): the two
+    functions below, one after the other.
   - generate_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
   - forward_log_mu: log mu by a no-grad forward after generate, as minimal.py takes it. Until the
     next step the model is mu, so it calls completion_logp, the function the loss calls, on
@@ -46,6 +48,10 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor,
     if rewards.dim() != 1 or group.shape != rewards.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group {tuple(group.shape)}: give "
                          "one reward and one group id per completion, both flat [n]")
+    if group.is_floating_point() or not torch.isfinite(rewards).all():
+        raise ValueError("group ids must be integers (arange(n) // G, not / G: float ids made "
+                         "each completion a group of one) and rewards finite (a NaN or inf "
+                         "makes its whole group's A NaN)")
     advantages = torch.zeros_like(rewards)
     for g in group.unique():
         members = group == g
@@ -65,31 +71,13 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
     (no default). With G = 1, A = 0 for all rollouts and tis and ppo learn nothing (a round in which
     every group's rewards are equal warns; Python shows that warning once).
-    log mu is taken as minimal.py takes it: generate_completions samples, then forward_log_mu runs
-    one no-grad forward over every sampled sequence (completion_logp: the model has taken no step
-    since it sampled, so its log pi_theta is log mu). python train.py samples this way.
-    The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
-    penalty and the like are overridden with neutral values. A setting that acts whenever it is
-    set (suppressed tokens, ...) is refused. So is active dropout in training mode.
-    sampler (engineering; None: the method above): a function that gives the same completions with
-    log mu recorded while generate samples, with no forward after: (model, tokenizer, prompts, G,
-    *, max_new_tokens, temperature) -> (prompt_ids, completions, group, eos_ids, log_mu,
-    mu_entropy), group: [P * G], the prompt each row answers, as generate_completions returns it
-    (so rows may come in any order; each prompt must have G). infra/generation.py's
-    recording_sampler(...) makes one (generate_recorded); train.py passes one with --record-log-mu.
-    """
+    sampler: the function that generates the completions and their log mu; None: the method's,
+    generate_with_log_mu (python train.py's). Another with its signature and return gives the same
+    values faster: infra/generation.py's recording_sampler(), with --record-log-mu."""
     G = num_generations
-    if sampler is None:         # the method, minimal.py's way: generate, then one no-grad forward
-        prompt_ids, completions, group, eos_ids, pad_id = generate_completions(
-            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
-        lengths, ended = completion_lengths(completions, eos_ids)
-        log_mu, mu_entropy = forward_log_mu(
-            model, [prompt_ids[p] for p in group.tolist()], completions, lengths,
-            pad_id=pad_id, eos_ids=eos_ids, temperature=temperature)
-    else:                       # engineering: the same samples, log mu recorded while sampling
-        prompt_ids, completions, group, eos_ids, log_mu, mu_entropy = sampler(
-            model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
-        lengths, ended = completion_lengths(completions, eos_ids)
+    prompt_ids, completions, group, eos_ids, log_mu, mu_entropy = (sampler or generate_with_log_mu)(
+        model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
+    lengths, ended = completion_lengths(completions, eos_ids)
     if not (len(group) == len(completions)
             and torch.bincount(group, minlength=len(prompts)).tolist() == [G] * len(prompts)):
         raise ValueError(f"group must name each row's prompt, G = {G} rows for each of the "
@@ -130,6 +118,26 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
              "completion_len": lengths.float().mean().item(),
              "truncated_frac": (~ended).float().mean().item()}
     return rollouts, figures
+
+
+def generate_with_log_mu(model, tokenizer, prompts: list[str], G: int, *, max_new_tokens: int,
+                         temperature: float):
+    """G completions of each prompt with generate, then log mu by one no-grad forward over every
+    sampled sequence (forward_log_mu: the model has taken no step since it sampled, so its
+    log pi_theta is log mu). minimal.py takes log mu the same way. Returns (prompt_ids,
+    completions, group, eos_ids, log_mu, mu_entropy): generate_completions' first four, and log mu
+    and mu's entropy [P * G, max_len]. A sampler passed to generate_rollouts returns the same; its
+    rows may come in any order, group naming each row's prompt (G rows for each).
+    The model's own generation_config cannot change the sampling. Its top_k, top_p, repetition
+    penalty and the like are overridden with neutral values. A setting that acts whenever it is
+    set (suppressed tokens, ...) is refused. So is active dropout in training mode."""
+    prompt_ids, completions, group, eos_ids, pad_id = generate_completions(
+        model, tokenizer, prompts, G, max_new_tokens=max_new_tokens, temperature=temperature)
+    lengths, _ = completion_lengths(completions, eos_ids)
+    log_mu, mu_entropy = forward_log_mu(model, [prompt_ids[p] for p in group.tolist()],
+                                        completions, lengths, pad_id=pad_id, eos_ids=eos_ids,
+                                        temperature=temperature)
+    return prompt_ids, completions, group, eos_ids, log_mu, mu_entropy
 
 
 @torch.inference_mode()

@@ -324,7 +324,7 @@ def setup(cfg: Config, task: tasks.Task, saved: checkpoint.Checkpoint | None,
     buffer = ReplayBufferWithVariants(
         distributed.share_size(cfg.buffer_size), seed=cfg.seed + rank, max_age=cfg.max_age or None,
         keep_correct_frac=cfg.keep_correct_frac, skip_zero_advantage=cfg.skip_zero_advantage,
-        loss_type=cfg.loss, beta=cfg.beta, correct_reward=1.0)    # --keep-correct-frac's help
+        loss_type=cfg.loss, beta=cfg.beta, correct_reward=cfg.correct_reward)
     reward_fn = loading.CheckedReward(task.reward, cfg.on_reward_error, cfg.reward_timeout)
     report.start(cfg, task, world)
     fast = loading.fast_decoding(cfg, model, tokenizer, task, device) if cfg.fast_generation \
@@ -396,7 +396,9 @@ class Config:
     max_age: int = opt(0, "drop rollouts older than this many steps (at each update); 0 = no limit")
     reuse: bool = opt(True, "sampled rollouts stay for later batches; --no-reuse: each used once")
     keep_correct_frac: float = opt(0.0, "positive-bias retention: part of the buffer kept for the "
-        "freshest correct (reward >= 1, the task's full reward) older rollouts; 0 = plain FIFO")
+        "freshest correct (reward >= --correct-reward) older rollouts; 0 = plain FIFO")
+    correct_reward: float = opt(1.0, "with --keep-correct-frac: the reward of a correct rollout on "
+        "the task's scale (1 for the embedded tasks' 0/1 rewards; give yours with --reward)")
     skip_zero_advantage: bool = opt(False, "store no rollouts of zero advantage (all-equal groups)")
     new_per_update: int = opt(0, "S: K updates for every S rollouts stored (the synchronous loop "
         "stores just those S, of the current policy, and drops the rest of a round; a buffer still "

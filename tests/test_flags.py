@@ -75,6 +75,7 @@ updates_per_round      | --updates-per-round 2          | config   | config   | 
 max_age                | --max-age 3                    | config   | config   | config  |
 reuse                  | --no-reuse                     | config   | config   | config  |
 keep_correct_frac      | --keep-correct-frac 0.25       | config   | config   | config  |
+correct_reward         | --correct-reward 10            | config   | config   | config  | with --keep-correct-frac
 skip_zero_advantage    | --skip-zero-advantage          | config   | config   | config  |
 new_per_update         | --new-per-update 128           | config   | config   | config  |
 learning_starts        | --learning-starts 128          | config   | config   | config  | synchronous loop

@@ -131,6 +131,21 @@ def hand_built(reward, **fields):
                    policy_version=0, **fields)
 
 
+@pytest.mark.parametrize("fn", [rollout.group_advantages, minimal.group_advantages],
+                         ids=["module", "minimal"])
+def test_group_advantages_refuses_float_group_ids_and_a_nan_reward(fn):
+    """Copied alone (reader 20): group ids of arange(n) / G (floats, not // G) made every
+    completion a group of one, A = 0 for all; a NaN or inf reward gave its whole group A = NaN.
+    Both refused, in one line; the right call gives the hand-computed A."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="integers"):
+        fn(rewards, torch.arange(4) / 2)
+    with pytest.raises(ValueError, match="finite"):
+        fn(torch.tensor([1.0, float("nan"), 1.0, 1.0]), torch.arange(4) // 2)
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)              # [1, 0]: mean 0.5, sample std sqrt(0.5)
+    assert torch.allclose(fn(rewards, torch.arange(4) // 2), torch.tensor([a, -a, 0.0, 0.0]))
+
+
 def test_collate_refuses_an_empty_prompt_before_completion_logp_misreads_it():
     """A rollout with no prompt tokens: collate passed it, and completion_logp then refused
     collate's own columns ("build them with collate"). The first completion token has no position
