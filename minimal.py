@@ -12,7 +12,7 @@ The method ("Efficient RL Training for LLMs with Experience Replay", arXiv 2604.
   1. Generate G completions for each of P prompts with the current policy pi_theta. The policy as it
      is now is the *behaviour policy* mu of these rollouts. Store log mu(o_t) for every token o_t.
   2. Reward each completion (r), and normalize the rewards within each group of G:
-     A = (r - mean r) / (std r + 1e-4).
+     A = (r - mean r) / (sample std r + 1e-4).
   3. Add the R = P x G rollouts to a FIFO buffer of capacity N. The oldest leave first.
   4. Once the buffer holds B, take K optimizer steps, each on B rollouts drawn uniformly from it.
      They are distinct within a batch and are not removed. So each rollout is used about
@@ -201,8 +201,10 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_floor: floa
     """A = (r - mean r) / (std r + std_floor), with the mean and sample std over each group: the
     completions of one prompt. rewards: [n]; group: [n], which prompt each completion answers (any
     ids, any order). A group of equal rewards (or of one) gets exactly 0: it teaches nothing."""
-    if group.is_floating_point() or not torch.isfinite(rewards).all():
-        raise ValueError("group ids must be integers (// G, not / G) and rewards finite")
+    if group.is_floating_point():
+        raise ValueError("group ids must be integers (// G, not / G)")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards must be finite")
     advantages = torch.zeros_like(rewards)
     for g in group.unique():
         members = group == g
@@ -217,7 +219,7 @@ class ReplayBuffer:
     """Up to N rollouts, oldest first. Adding past N evicts the oldest (FIFO). sample(B) draws B
     distinct rollouts uniformly and leaves them in, so each can be drawn again (replay). Here
     B = N. Once the buffer is full, every step takes all of it: this round's 128 and the last
-    round's. The draw only orders them. With B < N a step takes a random subset."""
+    round's. The draw only permutes them. With B < N a step takes a random subset."""
 
     def __init__(self, capacity: int, seed: int):
         self.items = deque(maxlen=capacity)     # appending to a full deque drops its oldest
@@ -319,7 +321,7 @@ def policy_loss(logp, behaviour_logp, advantage, mask, *, is_cap: float):
     logp = torch.where(real, logp, 0.0)
     rho = torch.exp(logp - torch.where(real, behaviour_logp, 0.0)).detach()    # no gradient
     w = rho.clamp(max=is_cap)
-    per_token = torch.where(real, -w * advantage[:, None] * logp, 0.0)
+    per_token = torch.where(real, -w * advantage.detach()[:, None] * logp, 0.0)   # A: a constant
     tokens = mask.sum().clamp(min=1)
     metrics = {"is_ratio_mean": torch.where(real, rho, 0.0).sum().item() / tokens.item(),
                "is_truncated_frac": (real & (rho > is_cap)).sum().item() / tokens.item()}

@@ -118,8 +118,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: tor
                          f"and mask {list(mask.shape)} must be one [batch, max_len] each: log mu "
                          "of each token (not a sequence's), as collate gives it")
     # the advantage each token is weighed by, [batch, 1]: A for tis and ppo (ppo: times rho),
-    # r - (V - tau) for asymre
-    term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau)
+    # r - (V - tau) for asymre. A constant: no gradient reaches A, r or V (a critic's baseline or
+    # a differentiable reward passed in would otherwise be trained by this loss)
+    term = advantage_term(advantage, logp, loss_type, reward, baseline, asymre_tau).detach()
     real = mask > 0         # to select (torch.where), never to multiply: NaN * 0 is NaN
     logp = torch.where(real, logp, 0.0)
     behaviour_logp = torch.where(real, behaviour_logp.detach(), 0.0)

@@ -4,8 +4,8 @@ log mu(o_t), rewards and group-normalized advantages.
 Read in this order:
   - group_advantages: A within each group (the G completions of one prompt).
   - generate_rollouts: samples, rewards and advantages, as Rollouts.
-  - generate_with_log_mu: its samples and their log mu, the method's way (minimal.py's): the two
-    functions below, one after the other.
+  - generate_with_log_mu: the completions generate_rollouts uses and their log mu, the method's
+    way (minimal.py's): the two functions below, one after the other.
   - generate_completions: G samples of each prompt with generate, from softmax(z_t / T) alone.
   - forward_log_mu: log mu by a no-grad forward after generate, as minimal.py takes it. Until the
     next step the model is mu, so it calls completion_logp, the function the loss calls, on
@@ -48,10 +48,11 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor,
     if rewards.dim() != 1 or group.shape != rewards.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group {tuple(group.shape)}: give "
                          "one reward and one group id per completion, both flat [n]")
-    if group.is_floating_point() or not torch.isfinite(rewards).all():
+    if group.is_floating_point():
         raise ValueError("group ids must be integers (arange(n) // G, not / G: float ids made "
-                         "each completion a group of one) and rewards finite (a NaN or inf "
-                         "makes its whole group's A NaN)")
+                         "each completion a group of one)")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards must be finite (a NaN or inf makes its whole group's A NaN)")
     advantages = torch.zeros_like(rewards)
     for g in group.unique():
         members = group == g

@@ -146,6 +146,30 @@ def test_group_advantages_refuses_float_group_ids_and_a_nan_reward(fn):
     assert torch.allclose(fn(rewards, torch.arange(4) // 2), torch.tensor([a, -a, 0.0, 0.0]))
 
 
+@pytest.mark.parametrize("loss_type", ["tis", "ppo", "asymre"])
+def test_no_gradient_reaches_the_advantage_reward_or_baseline(loss_type):
+    """Reader 21: policy_loss detached behaviour_logp but not A, r or V. An A that carried a graph
+    (a critic's baseline, a differentiable reward model) was trained by the policy loss (a critic
+    weight's gradient -0.245). Now no gradient reaches them; log pi_theta's is unchanged."""
+    logp = torch.tensor([[-0.5, -1.0], [-0.2, -0.3]], requires_grad=True)
+    critic = torch.tensor(0.3, requires_grad=True)
+    reward = torch.tensor([1.0, 0.0])
+    baseline = reward.mean() * critic / critic.detach()         # V = 0.5, with a graph to critic
+    advantage = (reward - baseline) * 2.0
+    loss, _ = policy_loss(logp, logp.detach() - 0.1, advantage, torch.ones(2, 2),
+                          loss_type=loss_type, reward=reward, baseline=baseline)
+    loss.backward()
+    assert critic.grad is None or critic.grad == 0
+    assert logp.grad is not None and logp.grad.abs().sum() > 0
+    if loss_type == "tis":
+        minimal_logp = logp.detach().clone().requires_grad_(True)
+        critic.grad = None
+        minimal.policy_loss(minimal_logp, logp.detach() - 0.1, (reward - baseline) * 2.0,
+                            torch.ones(2, 2), is_cap=2.0)[0].backward()
+        assert critic.grad is None or critic.grad == 0
+        assert torch.allclose(minimal_logp.grad, logp.grad)
+
+
 def test_collate_refuses_an_empty_prompt_before_completion_logp_misreads_it():
     """A rollout with no prompt tokens: collate passed it, and completion_logp then refused
     collate's own columns ("build them with collate"). The first completion token has no position
