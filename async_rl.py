@@ -33,8 +33,8 @@ each round that arrives (S = 0), or K steps for every S rollouts stored (S > 0).
 differ, because the workers sample while the trainer steps. Every round that arrives is stored
 whole, and the count of stored rollouts carries over (the synchronous loop stores just the S it
 needs and drops the rest of the round): with R > S a round here makes K * R / S steps due, there
-K. And a stored rollout may be of an older policy than the
-trainer's. --learning-starts is the synchronous loop's only. The flags of this loop alone:
+K. And a stored rollout may be of an older policy than the trainer's. --learning-starts is the
+synchronous loop's only. The flags of this loop alone:
   --generators n, --generator-devices, --sync-every, --worker-timeout: the workers, their devices,
     how often the trainer publishes its weights, how long a silent worker may take;
   --step-when-held: the paper's trainer, a step whenever the buffer holds B, K and S aside, so

@@ -66,7 +66,8 @@ def generate_rollouts(model, tokenizer, prompts: list[str], reward_fn, *, num_ge
                       max_new_tokens: int, temperature: float = 1.0, policy_version: int,
                       sampler=None) -> tuple[list[Rollout], dict]:
     """Generate G = ``num_generations`` completions per prompt from mu (the model as it is now).
-    Returns (rollouts, figures): the Rollouts, prompt-major, and the round's figures. Each Rollout
+    Returns (rollouts, figures): the Rollouts, in the sampler's row order (prompt-major by
+    default), and the round's figures. Each Rollout
     carries log mu(o_t) of each token, its reward r and its advantage A within its group of G.
     prompts: text as the model reads it, special tokens included (``check_bos``). reward_fn
     (prompt, completion) gets the same text. policy_version: the model's optimizer steps now
