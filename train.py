@@ -217,9 +217,7 @@ def holds(run: Run) -> bool:
     before the first update, --learning-starts if more) and, with S, S stored since the last steps
     (the rollouts of the current policy); in every process, each with its shares (run.b_here,
     run.s_here). every_rank: True only if it is True in every torchrun process (alone: due)."""
-    if not (run.s_here or run.cfg.learning_starts):     # the defaults: the buffer holds B
-        return distributed.every_rank(len(run.buffer) >= run.b_here)
-    due = len(run.buffer) >= must_hold(run)
+    due = len(run.buffer) >= must_hold(run)             # the defaults: must_hold is B
     if run.s_here:
         due = due and current_rollouts(run) >= run.s_here
     return distributed.every_rank(due)
